@@ -1,0 +1,2 @@
+//! The simkube command.
+fn main() {}

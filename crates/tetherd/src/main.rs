@@ -1,0 +1,2 @@
+//! The tetherd command.
+fn main() {}
