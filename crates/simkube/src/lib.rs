@@ -5,10 +5,12 @@
 //! and deliberately does not do is listed in `FIDELITY.md` at the repository root.
 
 pub mod auth;
+pub mod controllers;
 pub mod crd;
 pub mod discovery;
 pub mod error;
 pub mod http;
+pub mod kubelet_proxy;
 pub mod patch;
 pub mod registry;
 pub mod selectors;
