@@ -1,1 +1,59 @@
-//! Placeholder while the crate is being written.
+//! Pure network planning for a Tether gateway: from plain inputs to the desired kernel state of
+//! the gateway network namespace (sysctls, tunnel addresses, per-peer route tables, fwmark
+//! rules and one nftables table), a deterministic text rendering, and a diff against what the
+//! kernel holds. No IO: `tether-kernel` applies the [`Op`]s this crate computes.
+//!
+//! # Model
+//!
+//! Each cluster chooses alone how it sees each peer ("model L"): when a peer's real pod CIDR
+//! collides with something local, the IPAM picks a *local view* of the same size, and only this
+//! gateway translates. The tunnel always carries real addresses. Two peers may therefore share a
+//! real CIDR (B and C both use 10.0.0.0/16), so routing by destination after translation cannot
+//! tell them apart; instead every peer has its own tunnel interface, fwmark and route table.
+//!
+//! ```text
+//!  local pod 10.0.1.2 ──► 10.71.1.2 (B as seen here)        B's tunnel (tether-b), table 7700
+//!   prerouting/mangle: daddr ∈ B's local views → mark 0x7700, ct mark 0x7700
+//!   prerouting/dstnat: mark 0x7700, daddr 10.71/16 → dnat prefix → 10.0/16 (B's real CIDR)
+//!   routing:           fwmark 0x7700/0xffff → table 7700: 10.0.0.0/16 dev tether-b
+//!   forward:           clamp TCP MSS (SYN and SYN/ACK) to MTU − 40
+//!                                   ════ tunnel carries 10.0.1.2 → 10.0.1.2 (both real) ════►
+//!
+//!  B's pod 10.0.1.2 ──► our pod 10.0.1.2 (B applied its own remap)      arrives on tether-b
+//!   prerouting/mangle: drop unless saddr ∈ B's real CIDRs (+ tunnel network) and
+//!                      daddr ∈ our pod/external CIDRs (+ our tunnel address); ct mark 0x7700
+//!   routing:           no meta mark → main table → local pod
+//!   postrouting/srcnat: iif tether-b, saddr 10.0/16 → snat prefix → 10.71/16
+//!  replies from our pod go to 10.71.1.2: classified by destination as above, and the ct mark
+//!  is restored into the meta mark for any reply whose destination alone would not tell.
+//! ```
+//!
+//! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
+//! pod CIDR, and a mark would send them straight back into the tunnel.
+//!
+//! # Ownership
+//!
+//! A gateway owns one nftables table, the route tables `route_table_base..+MAX_PEERS`, the rules
+//! at `rule_priority`, and the addresses on its tunnel interfaces ([`GatewayInput::ownership`]).
+//! [`diff`] and [`teardown`] only ever touch those, so other software in the namespace
+//! coexists. The rendered ruleset embeds its [`Ruleset::fingerprint`] in the table comment,
+//! which makes drift and stale tables detectable by reading one string back.
+
+mod diff;
+mod error;
+mod input;
+mod nft;
+mod plan;
+
+pub use diff::{Observed, Op, diff, teardown};
+pub use error::PlanError;
+pub use input::{
+    CidrMapping, DEFAULT_FWMARK_BASE, DEFAULT_FWMARK_MASK, DEFAULT_MTU, DEFAULT_ROUTE_TABLE_BASE,
+    DEFAULT_RULE_PRIORITY, DEFAULT_TABLE, GatewayInput, LocalNetworks, MAX_MTU, MAX_PEERS, MIN_MTU,
+    Ownership, PeerInput,
+};
+pub use nft::{
+    Chain, ChainKind, FINGERPRINT_COMMENT_PREFIX, Hook, NftRule, Priority, Ruleset,
+    fingerprint_from_comment,
+};
+pub use plan::{Address, Plan, Route, Rule, Sysctl, plan};
