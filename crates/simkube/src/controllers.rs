@@ -1,1 +1,160 @@
-//! Being written.
+//! "Controller-manager lite": the kube-controller-manager loops a simulated cluster needs to
+//! behave like a real one (namespace cleanup, garbage collection, default service accounts,
+//! CSR signing).
+//!
+//! Every controller talks to the cluster only through the public API with a kube-rs [`Client`],
+//! exactly as kube-controller-manager does. So they dogfood the server and also run unchanged
+//! against a real API server. Each is a tokio task that ends when the shutdown token fires. The
+//! decisions they take are pure functions (in the submodules), table-tested without a server.
+
+pub mod csr;
+pub mod gc;
+pub mod namespace;
+pub mod service_accounts;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope, verbs};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::tls::CertAuthority;
+
+/// Which built-in controllers a simulated cluster runs. Each is independent.
+///
+/// envtest-like tests want none of them (nothing cascades, nothing is created behind their
+/// back); e2e-style tests and the playground want all of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Controllers {
+    /// Deletes the content of terminating namespaces, then finalizes them.
+    pub namespace: bool,
+    /// Cascades deletion through `ownerReferences` (background, foreground and orphan).
+    pub garbage_collector: bool,
+    /// Keeps a `default` ServiceAccount (and, with TLS, the `kube-root-ca.crt` ConfigMap) in
+    /// every namespace.
+    pub service_accounts: bool,
+    /// Signs approved CSRs for the `kubernetes.io/kube-apiserver-client` and
+    /// `kubernetes.io/kube-apiserver-client-kubelet` signers (needs the cluster CA).
+    pub csr_signer: bool,
+}
+
+impl Controllers {
+    /// Every controller on.
+    pub fn all() -> Self {
+        Self {
+            namespace: true,
+            garbage_collector: true,
+            service_accounts: true,
+            csr_signer: true,
+        }
+    }
+
+    /// Every controller off (the default, like envtest).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Whether any controller is on.
+    pub fn any(&self) -> bool {
+        self.namespace || self.garbage_collector || self.service_accounts || self.csr_signer
+    }
+}
+
+/// Starts the selected controllers against `client`. They stop when `shutdown` is cancelled.
+///
+/// `ca` is the cluster CA: the CSR signer needs it (without it the signer does not start, and a
+/// warning says so) and the service-account controller publishes its certificate as
+/// `kube-root-ca.crt`.
+pub fn spawn(
+    controllers: &Controllers,
+    client: Client,
+    ca: Option<Arc<CertAuthority>>,
+    shutdown: CancellationToken,
+) -> Vec<JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    if controllers.namespace {
+        tasks.push(tokio::spawn(namespace::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if controllers.garbage_collector {
+        tasks.push(tokio::spawn(gc::run(client.clone(), shutdown.clone())));
+    }
+    if controllers.service_accounts {
+        let ca_pem = ca.as_ref().map(|ca| ca.ca_pem());
+        tasks.push(tokio::spawn(service_accounts::run(
+            client.clone(),
+            ca_pem,
+            shutdown.clone(),
+        )));
+    }
+    if controllers.csr_signer {
+        match ca {
+            Some(ca) => tasks.push(tokio::spawn(csr::run(client, ca, shutdown))),
+            None => tracing::warn!(
+                "the CSR signer is enabled but the cluster has no CA (TLS is off); \
+                 approved CSRs will not be signed"
+            ),
+        }
+    }
+    tasks
+}
+
+/// A served resource type as the controllers need it.
+#[derive(Debug, Clone)]
+pub(crate) struct ServedResource {
+    pub(crate) api: ApiResource,
+    pub(crate) namespaced: bool,
+    pub(crate) caps: ApiCapabilities,
+}
+
+impl ServedResource {
+    fn supports(&self, verb: &str) -> bool {
+        self.caps.supports_operation(verb)
+    }
+}
+
+/// Every top-level resource the server serves, at each group's preferred version, found through
+/// the discovery API (so custom resources are included).
+pub(crate) async fn discover(client: &Client) -> Result<Vec<ServedResource>, kube::Error> {
+    let discovery = Discovery::new(client.clone()).run().await?;
+    let mut out = Vec::new();
+    for group in discovery.groups() {
+        for (api, caps) in group.recommended_resources() {
+            if api.plural.contains('/') {
+                continue;
+            }
+            out.push(ServedResource {
+                namespaced: caps.scope == Scope::Namespaced,
+                api,
+                caps,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Resources the controllers can enumerate and delete.
+pub(crate) fn deletable(resources: &[ServedResource]) -> Vec<ServedResource> {
+    resources
+        .iter()
+        .filter(|r| r.supports(verbs::LIST) && r.supports(verbs::DELETE))
+        .cloned()
+        .collect()
+}
+
+/// Sleeps for `delay` unless shutdown comes first; returns false on shutdown.
+pub(crate) async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool {
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// Whether a kube-rs error is an API answer with this HTTP code.
+pub(crate) fn is_status(err: &kube::Error, code: u16) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == code)
+}
