@@ -288,3 +288,175 @@ fn no_peers_leaves_an_empty_table() {
     "#]],
     );
 }
+
+/// Plans each broken input and lists the error messages, one per line.
+fn errors(cases: Vec<(&str, GatewayInput)>) -> String {
+    cases
+        .into_iter()
+        .map(|(name, input)| match plan(&input) {
+            Ok(_) => format!("{name}: accepted\n"),
+            Err(error) => format!("{name}: {error}\n"),
+        })
+        .collect()
+}
+
+#[test]
+fn invalid_input_is_rejected_with_a_message_naming_it() {
+    let base = || {
+        gateway(vec![peer(
+            "cluster-b",
+            "tether-b",
+            "10.0.0.0/16",
+            "10.71.0.0/16",
+        )])
+    };
+    let with_peer = |extra: PeerInput| {
+        let mut input = base();
+        input.peers.push(extra);
+        input
+    };
+    let cases = vec![
+        ("valid", base()),
+        (
+            "table name",
+            GatewayInput {
+                table: "te ther".to_owned(),
+                ..base()
+            },
+        ),
+        ("mtu low", GatewayInput { mtu: 575, ..base() }),
+        (
+            "mtu high",
+            GatewayInput {
+                mtu: 9001,
+                ..base()
+            },
+        ),
+        (
+            "rule priority",
+            GatewayInput {
+                rule_priority: 32766,
+                ..base()
+            },
+        ),
+        (
+            "marks outside mask",
+            GatewayInput {
+                fwmark_base: 0x1_0000,
+                ..base()
+            },
+        ),
+        (
+            "zero mark",
+            GatewayInput {
+                fwmark_base: 0,
+                ..base()
+            },
+        ),
+        (
+            "main table",
+            GatewayInput {
+                route_table_base: 254,
+                ..base()
+            },
+        ),
+        (
+            "long interface",
+            with_peer(peer(
+                "cluster-c",
+                "tether-cluster-c",
+                "10.9.0.0/16",
+                "10.9.0.0/16",
+            )),
+        ),
+        (
+            "quote in interface",
+            with_peer(peer("cluster-c", "t\"c", "10.9.0.0/16", "10.9.0.0/16")),
+        ),
+        (
+            "bad peer id",
+            with_peer(peer("cluster c", "tether-c", "10.9.0.0/16", "10.9.0.0/16")),
+        ),
+        (
+            "duplicate id",
+            with_peer(peer("cluster-b", "tether-c", "10.9.0.0/16", "10.9.0.0/16")),
+        ),
+        (
+            "duplicate interface",
+            with_peer(peer("cluster-c", "tether-b", "10.9.0.0/16", "10.9.0.0/16")),
+        ),
+        (
+            "pod interface as tunnel",
+            with_peer(peer("cluster-c", "eth0", "10.9.0.0/16", "10.9.0.0/16")),
+        ),
+        (
+            "host bits",
+            with_peer(peer("cluster-c", "tether-c", "10.9.0.1/16", "10.9.0.0/16")),
+        ),
+        (
+            "prefix mismatch",
+            with_peer(peer("cluster-c", "tether-c", "10.0.0.0/16", "10.72.0.0/24")),
+        ),
+        (
+            "view overlaps local",
+            with_peer(peer("cluster-c", "tether-c", "10.0.0.0/16", "10.0.0.0/16")),
+        ),
+        (
+            "views overlap",
+            with_peer(peer("cluster-c", "tether-c", "10.0.0.0/16", "10.71.0.0/16")),
+        ),
+        (
+            "peer cidrs overlap",
+            with_peer(PeerInput {
+                external: Some(CidrMapping::identity(net("10.9.128.0/17"))),
+                ..peer("cluster-c", "tether-c", "10.9.0.0/16", "10.9.0.0/16")
+            }),
+        ),
+        (
+            "tunnel networks overlap",
+            GatewayInput {
+                peers: vec![
+                    PeerInput {
+                        tunnel_address: Some(net("169.254.18.1/30")),
+                        ..peer("cluster-b", "tether-b", "10.0.0.0/16", "10.71.0.0/16")
+                    },
+                    PeerInput {
+                        tunnel_address: Some(net("169.254.18.2/30")),
+                        ..peer("cluster-c", "tether-c", "10.0.0.0/16", "10.72.0.0/16")
+                    },
+                ],
+                ..base()
+            },
+        ),
+        (
+            "no local pods",
+            GatewayInput {
+                local: Default::default(),
+                ..base()
+            },
+        ),
+    ];
+    expect![[r#"
+        valid: accepted
+        table name: invalid nftables table name "te ther": use 1 to 64 ASCII letters, digits or '_', starting with a letter
+        mtu low: tunnel mtu 575 is out of range: use 576..=9000
+        mtu high: tunnel mtu 9001 is out of range: use 576..=9000
+        rule priority: rule priority 32766 is reserved: use 1..=32765
+        marks outside mask: fwmark base 0x10000 with mask 0xffff cannot hold 1 peer marks: every base+i must be non-zero and inside the mask
+        zero mark: fwmark base 0x0 with mask 0xffff cannot hold 1 peer marks: every base+i must be non-zero and inside the mask
+        main table: route tables 254..255 are unusable: keep clear of 0 and 253..=255 (and of u32::MAX)
+        long interface: invalid interface name "tether-cluster-c": use 1 to 15 ASCII letters, digits or '-', '_', '.'
+        quote in interface: invalid interface name "t\"c": use 1 to 15 ASCII letters, digits or '-', '_', '.'
+        bad peer id: invalid peer id "cluster c": use 1 to 63 ASCII letters, digits or '-', '_', '.'
+        duplicate id: peer id "cluster-b" appears more than once
+        duplicate interface: interface "tether-b" is used more than once (each peer needs its own tunnel interface)
+        pod interface as tunnel: interface "eth0" is used more than once (each peer needs its own tunnel interface)
+        host bits: peer "cluster-c" real pod CIDR 10.9.0.1/16 has host bits set: did you mean 10.9.0.0/16?
+        prefix mismatch: peer "cluster-c": pod local view 10.72.0.0/24 must have the prefix length of its real CIDR 10.0.0.0/16
+        view overlaps local: local pod CIDR 10.0.0.0/16 overlaps peer "cluster-c" pod local view 10.0.0.0/16
+        views overlap: peer "cluster-b" pod local view 10.71.0.0/16 overlaps peer "cluster-c" pod local view 10.71.0.0/16
+        peer cidrs overlap: peer "cluster-c": real pod CIDR 10.9.0.0/16 overlaps real external CIDR 10.9.128.0/17
+        tunnel networks overlap: peer "cluster-b" tunnel network 169.254.18.0/30 overlaps peer "cluster-c" tunnel network 169.254.18.0/30
+        no local pods: local pod CIDRs are empty: the gateway must know them to accept traffic from peers
+    "#]].assert_eq(&errors(cases));
+}
