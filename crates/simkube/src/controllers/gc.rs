@@ -1066,19 +1066,19 @@ mod tests {
         // A blocking dependent that is itself still terminating keeps the owner waiting.
         let terminating = deleting(blocking, "example.com/hold");
         assert_eq!(plan(vec![owner.clone(), terminating]), vec![]);
-        // Only non-blocking dependents left: the finalizer goes.
+        // Only non-blocking dependents left: the finalizer goes (actions sort by object).
         assert_eq!(
             plan(vec![owner, loose]),
             vec![
-                Action::RemoveFinalizer {
-                    object: key("apps/ReplicaSet", Some("a"), "rs"),
-                    uid: "u-rs".into(),
-                    finalizer: FOREGROUND_FINALIZER
-                },
                 Action::Delete {
                     object: key("ConfigMap", Some("a"), "l"),
                     uid: "u-l".into(),
                     propagation: Propagation::Background
+                },
+                Action::RemoveFinalizer {
+                    object: key("apps/ReplicaSet", Some("a"), "rs"),
+                    uid: "u-rs".into(),
+                    finalizer: FOREGROUND_FINALIZER
                 },
             ]
         );
