@@ -1,1 +1,723 @@
-//! Being written.
+//! Discovery and OpenAPI documents: `/version`, `/api`, `/apis`, `/api/v1`, `/apis/<g>/<v>`
+//! (legacy and aggregated `apidiscovery.k8s.io/v2`) and the synthesized `/openapi/v3` tree.
+//!
+//! Everything is generated from the [`Registry`], so a CRD that becomes established shows up in
+//! every document at once, and the OpenAPI hashes change so kubectl's caches refresh.
+//!
+//! OpenAPI v3 is deliberately minimal for built-ins: every resource has PATCH operations tagged
+//! with its group-version-kind and a `fieldValidation` parameter (what kubectl checks before it
+//! hands validation to the server), and a permissive schema per kind. Custom resources carry
+//! their CRD's structural schema, so `kubectl explain` works for them; for built-ins it only
+//! prints the kind and version. PATCH operations do not advertise strategic merge patch in their
+//! request body, so kubectl's client-side `apply` computes strategic merge patches from its
+//! compiled-in types instead of from (absent) OpenAPI schemas.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use serde_json::{Map, Value, json};
+
+use crate::registry::{Origin, Registry, ResourceType};
+
+/// The Content-Type of an aggregated discovery answer; kubectl recognises aggregated discovery
+/// by this header alone and otherwise falls back to one request per group-version.
+pub const AGGREGATED_CONTENT_TYPE: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList";
+
+/// Kubernetes version of the simulated server: the kubectl dispatcher picks its binary by it.
+pub const KUBERNETES_VERSION: &str = "v1.33.1";
+
+/// The `/version` document (`version.Info`).
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "33",
+        "emulationMajor": "1",
+        "emulationMinor": "33",
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "32",
+        "gitVersion": KUBERNETES_VERSION,
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2025-05-15T00:00:00Z",
+        "goVersion": "go1.24.2",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    })
+}
+
+/// The legacy `/api` document (`APIVersions`).
+pub fn legacy_api_versions() -> Value {
+    json!({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []})
+}
+
+/// Orders versions as Kubernetes does: GA before beta before alpha, higher numbers first, then
+/// anything else alphabetically.
+pub fn compare_versions(a: &str, b: &str) -> std::cmp::Ordering {
+    version_key(a).cmp(&version_key(b))
+}
+
+/// Sort key: (class, -major, -minor, name) with class 0 = GA, 1 = beta, 2 = alpha, 3 = other.
+fn version_key(v: &str) -> (u8, i64, i64, String) {
+    let parsed = v.strip_prefix('v').and_then(|rest| {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let major: i64 = rest[..digits].parse().ok()?;
+        if major == 0 {
+            return None;
+        }
+        let tail = &rest[digits..];
+        if tail.is_empty() {
+            return Some((0u8, major, 0i64));
+        }
+        for (class, word) in [(1u8, "beta"), (2u8, "alpha")] {
+            if let Some(n) = tail.strip_prefix(word) {
+                let minor: i64 = n.parse().ok()?;
+                if minor == 0 || n.starts_with('0') {
+                    return None;
+                }
+                return Some((class, major, minor));
+            }
+        }
+        None
+    });
+    match parsed {
+        Some((class, major, minor)) => (class, -major, -minor, String::new()),
+        None => (3, 0, 0, v.to_owned()),
+    }
+}
+
+/// Groups in discovery order (built-in groups in registry order, then CRD groups by name), each
+/// with its versions most preferred first. The core group is not included.
+fn groups(reg: &Registry) -> Vec<(String, Vec<String>)> {
+    let mut builtin: Vec<String> = Vec::new();
+    let mut custom: Vec<String> = Vec::new();
+    for t in &reg.types {
+        if t.group.is_empty() {
+            continue;
+        }
+        let list = if t.origin == Origin::Builtin {
+            &mut builtin
+        } else {
+            &mut custom
+        };
+        if !list.contains(&t.group) {
+            list.push(t.group.clone());
+        }
+    }
+    custom.retain(|g| !builtin.contains(g));
+    custom.sort();
+    builtin
+        .into_iter()
+        .chain(custom)
+        .map(|g| (g.clone(), versions_of(reg, &g)))
+        .collect()
+}
+
+fn versions_of(reg: &Registry, group: &str) -> Vec<String> {
+    let mut versions: Vec<String> = Vec::new();
+    for t in reg.group_types(group) {
+        if !versions.contains(&t.version) {
+            versions.push(t.version.clone());
+        }
+    }
+    versions.sort_by(|a, b| compare_versions(a, b));
+    versions
+}
+
+fn group_value(group: &str, versions: &[String]) -> Value {
+    let gv = |v: &String| json!({"groupVersion": format!("{group}/{v}"), "version": v});
+    json!({
+        "name": group,
+        "versions": versions.iter().map(gv).collect::<Vec<_>>(),
+        "preferredVersion": versions.first().map(gv).unwrap_or(Value::Null),
+    })
+}
+
+/// The legacy `/apis` document (`APIGroupList`).
+pub fn api_group_list(reg: &Registry) -> Value {
+    let groups: Vec<Value> = groups(reg)
+        .iter()
+        .map(|(g, vs)| group_value(g, vs))
+        .collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The legacy `/apis/<group>` document (`APIGroup`), or `None` for an unknown group.
+pub fn api_group(reg: &Registry, group: &str) -> Option<Value> {
+    if group.is_empty() {
+        return None;
+    }
+    let versions = versions_of(reg, group);
+    if versions.is_empty() {
+        return None;
+    }
+    let mut v = group_value(group, &versions);
+    if let Some(map) = v.as_object_mut() {
+        map.insert("kind".into(), json!("APIGroup"));
+        map.insert("apiVersion".into(), json!("v1"));
+    }
+    Some(v)
+}
+
+/// What a subresource answers with and which verbs it serves.
+struct SubInfo {
+    group: String,
+    version: String,
+    kind: String,
+    verbs: &'static [&'static str],
+}
+
+fn sub_info(rt: &ResourceType, sub: &str) -> SubInfo {
+    let own = |verbs| SubInfo {
+        group: rt.group.clone(),
+        version: rt.version.clone(),
+        kind: rt.kind.clone(),
+        verbs,
+    };
+    let other = |group: &str, version: &str, kind: &str, verbs| SubInfo {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        kind: kind.to_owned(),
+        verbs,
+    };
+    match sub {
+        "status" | "approval" => own(&["get", "patch", "update"]),
+        "scale" => other("autoscaling", "v1", "Scale", &["get", "patch", "update"]),
+        "binding" => other("", "v1", "Binding", &["create"]),
+        "eviction" => other("policy", "v1", "Eviction", &["create"]),
+        "exec" => other("", "v1", "PodExecOptions", &["create", "get"]),
+        "attach" => other("", "v1", "PodAttachOptions", &["create", "get"]),
+        "portforward" => other("", "v1", "PodPortForwardOptions", &["create", "get"]),
+        "log" => own(&["get"]),
+        "token" => other("authentication.k8s.io", "v1", "TokenRequest", &["create"]),
+        "finalize" => own(&["update"]),
+        _ => own(&["get"]),
+    }
+}
+
+/// A stable per-type hash, like the real server's `storageVersionHash` (8 bytes of SHA-256 of
+/// the storage group/version/kind, base64).
+fn storage_version_hash(reg: &Registry, rt: &ResourceType) -> String {
+    use base64::Engine as _;
+    let storage_version = reg
+        .storage_type(&rt.group, &rt.plural)
+        .map_or_else(|| rt.version.clone(), |s| s.version.clone());
+    let digest = ring::digest::digest(
+        &ring::digest::SHA256,
+        format!("{}/{}/{}", rt.group, storage_version, rt.kind).as_bytes(),
+    );
+    base64::engine::general_purpose::STANDARD.encode(&digest.as_ref()[..8])
+}
+
+fn types_in<'a>(reg: &'a Registry, group: &str, version: &str) -> Vec<&'a Arc<ResourceType>> {
+    let mut types: Vec<&Arc<ResourceType>> = reg
+        .types
+        .iter()
+        .filter(|t| t.group == group && t.version == version)
+        .collect();
+    types.sort_by(|a, b| a.plural.cmp(&b.plural));
+    types
+}
+
+/// The legacy `/api/v1` or `/apis/<g>/<v>` document (`APIResourceList`), with one row per
+/// resource and one per subresource (`pods/status`, `deployments/scale`, ...), sorted by name.
+pub fn api_resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
+    let types = types_in(reg, group, version);
+    if types.is_empty() {
+        return None;
+    }
+    let mut rows: Vec<(String, Value)> = Vec::new();
+    for t in types {
+        let mut row = json!({
+            "name": t.plural,
+            "singularName": t.singular,
+            "namespaced": t.namespaced,
+            "kind": t.kind,
+            "verbs": t.verbs,
+        });
+        let map = row.as_object_mut().expect("invariant: json! object");
+        if !t.short_names.is_empty() {
+            map.insert("shortNames".into(), json!(t.short_names));
+        }
+        if !t.categories.is_empty() {
+            map.insert("categories".into(), json!(t.categories));
+        }
+        if t.supports("list") {
+            map.insert(
+                "storageVersionHash".into(),
+                json!(storage_version_hash(reg, t)),
+            );
+        }
+        rows.push((t.plural.clone(), row));
+        for sub in &t.subresources {
+            let info = sub_info(t, sub);
+            let mut row = Map::new();
+            row.insert("name".into(), json!(format!("{}/{sub}", t.plural)));
+            row.insert("singularName".into(), json!(""));
+            row.insert("namespaced".into(), json!(t.namespaced));
+            if info.group != t.group || info.version != t.version {
+                row.insert("group".into(), json!(info.group));
+                row.insert("version".into(), json!(info.version));
+            }
+            row.insert("kind".into(), json!(info.kind));
+            row.insert("verbs".into(), json!(info.verbs));
+            rows.push((format!("{}/{sub}", t.plural), Value::Object(row)));
+        }
+    }
+    rows.sort_by(|a, b| a.0.cmp(&b.0));
+    let group_version = if group.is_empty() {
+        version.to_owned()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(json!({
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": group_version,
+        "resources": rows.into_iter().map(|(_, r)| r).collect::<Vec<_>>(),
+    }))
+}
+
+fn gvk(group: &str, version: &str, kind: &str) -> Value {
+    json!({"group": group, "version": version, "kind": kind})
+}
+
+fn aggregated_version(reg: &Registry, group: &str, version: &str) -> Value {
+    let resources: Vec<Value> = types_in(reg, group, version)
+        .into_iter()
+        .map(|t| {
+            let mut r = json!({
+                "resource": t.plural,
+                "responseKind": gvk(&t.group, &t.version, &t.kind),
+                "scope": if t.namespaced { "Namespaced" } else { "Cluster" },
+                "singularResource": t.singular,
+                "verbs": t.verbs,
+            });
+            let map = r.as_object_mut().expect("invariant: json! object");
+            if !t.short_names.is_empty() {
+                map.insert("shortNames".into(), json!(t.short_names));
+            }
+            if !t.categories.is_empty() {
+                map.insert("categories".into(), json!(t.categories));
+            }
+            if !t.subresources.is_empty() {
+                let mut subs: Vec<&String> = t.subresources.iter().collect();
+                subs.sort();
+                let subs: Vec<Value> = subs
+                    .into_iter()
+                    .map(|s| {
+                        let info = sub_info(t, s);
+                        json!({
+                            "subresource": s,
+                            "responseKind": gvk(&info.group, &info.version, &info.kind),
+                            "verbs": info.verbs,
+                        })
+                    })
+                    .collect();
+                map.insert("subresources".into(), Value::Array(subs));
+            }
+            r
+        })
+        .collect();
+    json!({"version": version, "resources": resources, "freshness": "Current"})
+}
+
+/// The aggregated discovery document (`apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`): for
+/// `/api` when `legacy` (the core group, whose name is empty), for `/apis` otherwise. Answer it
+/// with [`AGGREGATED_CONTENT_TYPE`].
+pub fn aggregated(reg: &Registry, legacy: bool) -> Value {
+    let items: Vec<Value> = if legacy {
+        vec![json!({"metadata": {}, "versions": [aggregated_version(reg, "", "v1")]})]
+    } else {
+        groups(reg)
+            .into_iter()
+            .map(|(g, versions)| {
+                let versions: Vec<Value> = versions
+                    .iter()
+                    .map(|v| aggregated_version(reg, &g, v))
+                    .collect();
+                json!({"metadata": {"name": g}, "versions": versions})
+            })
+            .collect()
+    };
+    json!({
+        "kind": "APIGroupDiscoveryList",
+        "apiVersion": "apidiscovery.k8s.io/v2",
+        "metadata": {},
+        "items": items,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// OpenAPI v3.
+
+/// Every group-version the server serves, as OpenAPI v3 names them: `api/v1`, `apis/<g>/<v>`.
+fn openapi_group_versions(reg: &Registry) -> Vec<(String, String, String)> {
+    let mut out: Vec<(String, String, String)> = Vec::new();
+    if reg.types.iter().any(|t| t.group.is_empty()) {
+        out.push(("api/v1".to_owned(), String::new(), "v1".to_owned()));
+    }
+    for (g, versions) in groups(reg) {
+        for v in versions {
+            out.push((format!("apis/{g}/{v}"), g.clone(), v));
+        }
+    }
+    out
+}
+
+/// The `/openapi/v3` root: a map from each group-version path to its document's URL, whose
+/// `hash` is a digest of that document, so kubectl refetches exactly the ones that changed.
+pub fn openapi_v3_root(reg: &Registry) -> Value {
+    let mut paths = Map::new();
+    for (path, group, version) in openapi_group_versions(reg) {
+        let doc = group_version_document(reg, &group, &version);
+        let digest = ring::digest::digest(&ring::digest::SHA512, doc.to_string().as_bytes());
+        let hash: String = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+        paths.insert(
+            path.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{path}?hash={hash}")}),
+        );
+    }
+    json!({"paths": paths})
+}
+
+/// The OpenAPI v3 document of one group-version, addressed as in the root (`api/v1`,
+/// `apis/apps/v1`; a leading `/` and a query string are ignored), or `None` if not served.
+pub fn openapi_v3_group_version(reg: &Registry, path: &str) -> Option<Value> {
+    let path = path.split('?').next().unwrap_or(path);
+    let path = path.trim_start_matches('/');
+    let path = path.strip_prefix("openapi/v3/").unwrap_or(path);
+    let (group, version) = match path.split('/').collect::<Vec<_>>().as_slice() {
+        ["api", v] => (String::new(), (*v).to_owned()),
+        ["apis", g, v] => ((*g).to_owned(), (*v).to_owned()),
+        _ => return None,
+    };
+    if types_in(reg, &group, &version).is_empty() {
+        return None;
+    }
+    Some(group_version_document(reg, &group, &version))
+}
+
+/// The OpenAPI schema name of a kind: `io.k8s.api.core.v1.Pod` for built-ins, the reversed
+/// group for custom resources (`com.example.v1.Widget`), as the real server names them.
+pub fn schema_name(rt: &ResourceType) -> String {
+    if rt.origin == Origin::Builtin {
+        return match rt.group.as_str() {
+            "" => format!("io.k8s.api.core.{}.{}", rt.version, rt.kind),
+            "apiextensions.k8s.io" => format!(
+                "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.{}.{}",
+                rt.version, rt.kind
+            ),
+            g => {
+                let first = g.split('.').next().unwrap_or(g);
+                format!("io.k8s.api.{first}.{}.{}", rt.version, rt.kind)
+            }
+        };
+    }
+    let reversed: Vec<&str> = rt.group.split('.').rev().collect();
+    format!("{}.{}.{}", reversed.join("."), rt.version, rt.kind)
+}
+
+const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+
+fn query_param(name: &str, description: &str) -> Value {
+    json!({
+        "name": name,
+        "in": "query",
+        "description": description,
+        "schema": {"type": if name == "force" { "boolean" } else { "string" }, "uniqueItems": true},
+    })
+}
+
+fn path_param(name: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "schema": {"type": "string", "uniqueItems": true}})
+}
+
+fn write_params(with_force: bool) -> Vec<Value> {
+    let mut params = vec![
+        query_param(
+            "dryRun",
+            "When present, indicates that modifications should not be persisted.",
+        ),
+        query_param(
+            "fieldManager",
+            "fieldManager is a name associated with the actor or entity that is making these changes.",
+        ),
+        query_param(
+            "fieldValidation",
+            "fieldValidation instructs the server on how to handle objects in the request containing unknown or duplicate fields. Valid values are: Ignore, Warn, Strict.",
+        ),
+    ];
+    if with_force {
+        params.push(query_param(
+            "force",
+            "Force is going to \"force\" Apply requests.",
+        ));
+    }
+    params.push(query_param(
+        "pretty",
+        "If 'true', then the output is pretty printed.",
+    ));
+    params
+}
+
+fn operation(
+    rt: &ResourceType,
+    action: &str,
+    id: &str,
+    params: Vec<Value>,
+    body: Option<Value>,
+) -> Value {
+    let schema_ref = json!({"$ref": format!("#/components/schemas/{}", schema_name(rt))});
+    let mut op = json!({
+        "tags": [format!("{}{}", rt.group, rt.version)],
+        "operationId": id,
+        "parameters": params,
+        "responses": {
+            "200": {"description": "OK", "content": {"application/json": {"schema": schema_ref}}},
+            "401": {"description": "Unauthorized"},
+        },
+        "x-kubernetes-action": action,
+        "x-kubernetes-group-version-kind": gvk(&rt.group, &rt.version, &rt.kind),
+    });
+    if let (Some(body), Some(map)) = (body, op.as_object_mut()) {
+        map.insert("requestBody".into(), body);
+    }
+    op
+}
+
+fn group_version_document(reg: &Registry, group: &str, version: &str) -> Value {
+    let base = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    let mut paths: BTreeMap<String, Value> = BTreeMap::new();
+    let mut schemas = Map::new();
+    schemas.insert(OBJECT_META.into(), object_meta_schema());
+    for t in types_in(reg, group, version) {
+        let id = format!("{}{}", t.kind, version);
+        let ns_prefix = if t.namespaced {
+            format!("{base}/namespaces/{{namespace}}")
+        } else {
+            base.clone()
+        };
+        let ns_params: Vec<Value> = if t.namespaced {
+            vec![path_param("namespace")]
+        } else {
+            Vec::new()
+        };
+        let object_body = json!({"content": {"application/json": {
+            "schema": {"$ref": format!("#/components/schemas/{}", schema_name(t))}}}, "required": true});
+        let patch_body = json!({"content": {
+            "application/apply-patch+yaml": {"schema": {"type": "object"}},
+            "application/json-patch+json": {"schema": {"type": "object"}},
+            "application/merge-patch+json": {"schema": {"type": "object"}},
+        }, "required": true});
+
+        let mut collection = Map::new();
+        if t.supports("create") {
+            let params = ns_params
+                .iter()
+                .cloned()
+                .chain(write_params(false))
+                .collect();
+            collection.insert(
+                "post".into(),
+                operation(
+                    t,
+                    "post",
+                    &format!("create{id}"),
+                    params,
+                    Some(object_body.clone()),
+                ),
+            );
+        }
+        if t.supports("list") {
+            collection.insert(
+                "get".into(),
+                operation(t, "list", &format!("list{id}"), ns_params.clone(), None),
+            );
+        }
+        if !collection.is_empty() {
+            paths.insert(
+                format!("{ns_prefix}/{}", t.plural),
+                Value::Object(collection),
+            );
+        }
+
+        let mut item = Map::new();
+        let item_params = || ns_params.iter().cloned().chain([path_param("name")]);
+        if t.supports("get") {
+            item.insert(
+                "get".into(),
+                operation(
+                    t,
+                    "get",
+                    &format!("read{id}"),
+                    item_params().collect(),
+                    None,
+                ),
+            );
+        }
+        if t.supports("update") {
+            let params = item_params().chain(write_params(false)).collect();
+            item.insert(
+                "put".into(),
+                operation(
+                    t,
+                    "put",
+                    &format!("replace{id}"),
+                    params,
+                    Some(object_body.clone()),
+                ),
+            );
+        }
+        if t.supports("patch") {
+            let params = item_params().chain(write_params(true)).collect();
+            item.insert(
+                "patch".into(),
+                operation(
+                    t,
+                    "patch",
+                    &format!("patch{id}"),
+                    params,
+                    Some(patch_body.clone()),
+                ),
+            );
+        }
+        if t.supports("delete") {
+            item.insert(
+                "delete".into(),
+                operation(
+                    t,
+                    "delete",
+                    &format!("delete{id}"),
+                    item_params().collect(),
+                    None,
+                ),
+            );
+        }
+        if !item.is_empty() {
+            paths.insert(
+                format!("{ns_prefix}/{}/{{name}}", t.plural),
+                Value::Object(item),
+            );
+        }
+        {
+            if t.has_status() {
+                let params: Vec<Value> = item_params().chain(write_params(true)).collect();
+                let mut ops = Map::new();
+                ops.insert(
+                    "get".into(),
+                    operation(
+                        t,
+                        "get",
+                        &format!("read{id}Status"),
+                        item_params().collect(),
+                        None,
+                    ),
+                );
+                ops.insert(
+                    "put".into(),
+                    operation(
+                        t,
+                        "put",
+                        &format!("replace{id}Status"),
+                        params.clone(),
+                        Some(object_body.clone()),
+                    ),
+                );
+                ops.insert(
+                    "patch".into(),
+                    operation(
+                        t,
+                        "patch",
+                        &format!("patch{id}Status"),
+                        params,
+                        Some(patch_body.clone()),
+                    ),
+                );
+                paths.insert(
+                    format!("{ns_prefix}/{}/{{name}}/status", t.plural),
+                    Value::Object(ops),
+                );
+            }
+        }
+        schemas.insert(schema_name(t), kind_schema(t));
+    }
+    json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": KUBERNETES_VERSION},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    })
+}
+
+fn object_meta_schema() -> Value {
+    json!({
+        "description": "ObjectMeta is metadata that all persisted resources must have, which includes all objects users must create.",
+        "type": "object",
+        "properties": {
+            "name": {"description": "Name must be unique within a namespace.", "type": "string"},
+            "generateName": {"description": "An optional prefix used by the server to generate a unique name.", "type": "string"},
+            "namespace": {"description": "Namespace defines the space within which each name must be unique.", "type": "string"},
+            "labels": {"description": "Map of string keys and values that can be used to organize and categorize objects.", "type": "object", "additionalProperties": {"type": "string", "default": ""}},
+            "annotations": {"description": "Annotations is an unstructured key value map stored with a resource.", "type": "object", "additionalProperties": {"type": "string", "default": ""}},
+            "finalizers": {"description": "Must be empty before the object is deleted from the registry.", "type": "array", "items": {"type": "string", "default": ""}},
+            "ownerReferences": {"description": "List of objects depended by this object.", "type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            "uid": {"description": "UID is the unique in time and space value for this object.", "type": "string"},
+            "resourceVersion": {"description": "An opaque value that represents the internal version of this object.", "type": "string"},
+            "generation": {"description": "A sequence number representing a specific generation of the desired state.", "type": "integer", "format": "int64"},
+            "creationTimestamp": {"description": "CreationTimestamp is a timestamp representing the server time when this object was created.", "type": "string", "format": "date-time"},
+            "deletionTimestamp": {"description": "DeletionTimestamp is RFC 3339 date and time at which this resource will be deleted.", "type": "string", "format": "date-time"},
+            "deletionGracePeriodSeconds": {"description": "Number of seconds allowed for this object to gracefully terminate.", "type": "integer", "format": "int64"},
+            "managedFields": {"description": "ManagedFields maps workflow-id and version to the set of fields that are managed by that workflow.", "type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+        },
+    })
+}
+
+/// A CRD's structural schema with the standard `apiVersion`, `kind` and `metadata` fields, or a
+/// permissive object for built-ins (simkube does not carry their full schemas).
+fn kind_schema(rt: &ResourceType) -> Value {
+    let mut schema = match (&rt.origin, &rt.schema) {
+        (Origin::Crd { .. }, Some(s)) => s.clone(),
+        (Origin::Crd { .. }, None) => {
+            json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true})
+        }
+        (Origin::Builtin, _) => json!({
+            "description": format!("{} ({}). simkube serves no field schema for built-in kinds.", rt.kind, rt.api_version()),
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        }),
+    };
+    let Some(map) = schema.as_object_mut() else {
+        return schema;
+    };
+    let props = map.entry("properties").or_insert_with(|| json!({}));
+    if let Some(props) = props.as_object_mut() {
+        props.insert("apiVersion".into(), json!({
+            "description": "APIVersion defines the versioned schema of this representation of an object.",
+            "type": "string",
+        }));
+        props.insert("kind".into(), json!({
+            "description": "Kind is a string value representing the REST resource this object represents.",
+            "type": "string",
+        }));
+        props.insert(
+            "metadata".into(),
+            json!({
+                "description": "Standard object's metadata.",
+                "allOf": [{"$ref": format!("#/components/schemas/{OBJECT_META}")}],
+                "default": {},
+            }),
+        );
+    }
+    map.insert(
+        "x-kubernetes-group-version-kind".into(),
+        json!([gvk(&rt.group, &rt.version, &rt.kind)]),
+    );
+    schema
+}

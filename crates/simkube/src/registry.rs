@@ -145,3 +145,240 @@ impl Registry {
             .cloned()
     }
 }
+
+/// Verbs of an ordinary read-write collection, as discovery lists them (alphabetical).
+const FULL_VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
+
+/// Namespaces have no `deletecollection` in the real server.
+const NO_DELETECOLLECTION_VERBS: &[&str] = &[
+    "create", "delete", "get", "list", "patch", "update", "watch",
+];
+
+/// A built-in type from k8s-openapi's compile-time constants, so group, version, kind and plural
+/// can never drift from what kube-rs sends.
+fn builtin<K>() -> ResourceType
+where
+    K: k8s_openapi::ListableResource + 'static,
+{
+    let mut rt = builtin_unlisted::<K>();
+    rt.list_kind = K::LIST_KIND.to_owned();
+    rt
+}
+
+/// Like [`builtin`] for kinds that have no list (review objects).
+fn builtin_unlisted<K>() -> ResourceType
+where
+    K: k8s_openapi::Resource + 'static,
+{
+    let namespaced = std::any::TypeId::of::<K::Scope>()
+        == std::any::TypeId::of::<k8s_openapi::NamespaceResourceScope>();
+    ResourceType {
+        group: K::GROUP.to_owned(),
+        version: K::VERSION.to_owned(),
+        kind: K::KIND.to_owned(),
+        plural: K::URL_PATH_SEGMENT.to_owned(),
+        singular: K::KIND.to_ascii_lowercase(),
+        list_kind: format!("{}List", K::KIND),
+        namespaced,
+        short_names: Vec::new(),
+        categories: Vec::new(),
+        verbs: strings(FULL_VERBS),
+        subresources: Vec::new(),
+        printer_columns: crate::table::builtin_columns(K::GROUP, K::KIND),
+        selectable_fields: Vec::new(),
+        schema: None,
+        storage: true,
+        origin: Origin::Builtin,
+    }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+impl ResourceType {
+    fn short(mut self, names: &[&str]) -> Self {
+        self.short_names = strings(names);
+        self
+    }
+
+    fn categories(mut self, names: &[&str]) -> Self {
+        self.categories = strings(names);
+        self
+    }
+
+    fn subs(mut self, names: &[&str]) -> Self {
+        self.subresources = strings(names);
+        self
+    }
+
+    fn fields(mut self, names: &[&str]) -> Self {
+        self.selectable_fields = strings(names);
+        self
+    }
+
+    fn verbs(mut self, names: &[&str]) -> Self {
+        self.verbs = strings(names);
+        self
+    }
+
+    /// Whether `verb` (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`) is served on the main resource.
+    pub fn supports(&self, verb: &str) -> bool {
+        self.verbs.iter().any(|v| v == verb)
+    }
+}
+
+/// The field labels of core/v1 Events (the real server also accepts them on events.k8s.io/v1,
+/// where they name the same stored fields). `source` selects `source.component`.
+const EVENT_FIELDS: &[&str] = &[
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+];
+
+/// Every built-in type the server serves, in the order discovery lists them.
+///
+/// Verbs, short names, categories, subresources and field labels are those of a real 1.33
+/// kube-apiserver for the same resources.
+pub fn builtins() -> Vec<ResourceType> {
+    use k8s_openapi::api::{
+        apps::v1 as apps, authorization::v1 as authz, certificates::v1 as certs,
+        coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
+        rbac::v1 as rbac,
+    };
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+
+    vec![
+        // core/v1, in the order the real /api/v1 lists them.
+        builtin::<core::ConfigMap>().short(&["cm"]),
+        builtin::<core::Endpoints>().short(&["ep"]),
+        builtin::<core::Event>().short(&["ev"]).fields(EVENT_FIELDS),
+        builtin::<core::Namespace>()
+            .short(&["ns"])
+            .verbs(NO_DELETECOLLECTION_VERBS)
+            .subs(&["finalize", "status"])
+            .fields(&["status.phase"]),
+        builtin::<core::Node>()
+            .short(&["no"])
+            .subs(&["status"])
+            .fields(&["spec.unschedulable"]),
+        builtin::<core::Pod>()
+            .short(&["po"])
+            .categories(&["all"])
+            .subs(&["binding", "eviction", "exec", "log", "status"])
+            .fields(&[
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.podIPs",
+                "status.nominatedNodeName",
+            ]),
+        builtin::<core::Secret>().fields(&["type"]),
+        builtin::<core::ServiceAccount>()
+            .short(&["sa"])
+            .subs(&["token"]),
+        builtin::<core::Service>()
+            .short(&["svc"])
+            .categories(&["all"])
+            .subs(&["status"]),
+        // apiextensions.k8s.io/v1
+        builtin::<apiext::CustomResourceDefinition>()
+            .short(&["crd", "crds"])
+            .categories(&["api-extensions"])
+            .subs(&["status"]),
+        // apps/v1
+        builtin::<apps::Deployment>()
+            .short(&["deploy"])
+            .categories(&["all"])
+            .subs(&["scale", "status"]),
+        builtin::<apps::ReplicaSet>()
+            .short(&["rs"])
+            .categories(&["all"])
+            .subs(&["scale", "status"])
+            .fields(&["status.replicas"]),
+        // authorization.k8s.io/v1: a virtual resource, create only.
+        builtin_unlisted::<authz::SelfSubjectAccessReview>().verbs(&["create"]),
+        // certificates.k8s.io/v1
+        builtin::<certs::CertificateSigningRequest>()
+            .short(&["csr"])
+            .subs(&["approval", "status"])
+            .fields(&["spec.signerName"]),
+        // coordination.k8s.io/v1
+        builtin::<coord::Lease>(),
+        // discovery.k8s.io/v1
+        builtin::<disc::EndpointSlice>(),
+        // events.k8s.io/v1: the same events as core/v1, another view.
+        builtin::<events::Event>()
+            .short(&["ev"])
+            .fields(EVENT_FIELDS),
+        // rbac.authorization.k8s.io/v1
+        builtin::<rbac::ClusterRoleBinding>(),
+        builtin::<rbac::ClusterRole>(),
+        builtin::<rbac::RoleBinding>(),
+        builtin::<rbac::Role>(),
+    ]
+}
+
+impl Registry {
+    /// A registry serving every [`builtins`] type, at generation 1.
+    pub fn with_builtins() -> Registry {
+        Registry {
+            types: builtins().into_iter().map(Arc::new).collect(),
+            generation: 1,
+        }
+    }
+
+    /// A new registry where the types of CRD `crd_name` are replaced by `types` (none removes
+    /// them), with the generation bumped so discovery and OpenAPI hashes change.
+    pub fn with_crd_types(&self, crd_name: &str, types: Vec<ResourceType>) -> Registry {
+        let mut kept: Vec<Arc<ResourceType>> = self
+            .types
+            .iter()
+            .filter(|t| !matches!(&t.origin, Origin::Crd { name } if name == crd_name))
+            .cloned()
+            .collect();
+        kept.extend(types.into_iter().map(Arc::new));
+        Registry {
+            types: kept,
+            generation: self.generation + 1,
+        }
+    }
+
+    /// The types of one group, any version.
+    pub fn group_types<'a>(
+        &'a self,
+        group: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<ResourceType>> {
+        self.types.iter().filter(move |t| t.group == group)
+    }
+
+    /// The storage version's type for a group and plural (for CRDs with several versions).
+    pub fn storage_type(&self, group: &str, plural: &str) -> Option<Arc<ResourceType>> {
+        self.types
+            .iter()
+            .find(|t| t.group == group && t.plural == plural && t.storage)
+            .cloned()
+    }
+}

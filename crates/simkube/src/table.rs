@@ -1,1 +1,1497 @@
-//! Being written.
+//! Server-side printing: `meta.k8s.io/v1` Table output for kubectl, per kind as the real server.
+//!
+//! kubectl asks for Tables (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`) on `get`,
+//! and prints the server's columns verbatim. So the columns and the computed cells (pod READY
+//! and STATUS, service PORT(S), node ROLES, ages) follow kube-apiserver's printers, and CRDs
+//! follow the apiextensions table convertor (`additionalPrinterColumns` evaluated by JSONPath,
+//! `date` columns shown as ages).
+
+use jiff::Timestamp;
+use serde_json::{Map, Value, json};
+
+use crate::registry::{Origin, PrinterColumn, ResourceType};
+
+/// What each Table row carries in `object` (`includeObject` query parameter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum IncludeObject {
+    /// No object.
+    None,
+    /// A `PartialObjectMetadata` (kubectl's default: it needs labels and namespace).
+    #[default]
+    Metadata,
+    /// The full object.
+    Object,
+}
+
+impl IncludeObject {
+    /// Parses the `includeObject` query value; absent or unknown means the default, `Metadata`.
+    pub fn parse(query_value: Option<&str>) -> IncludeObject {
+        match query_value {
+            Some("None") => IncludeObject::None,
+            Some("Object") => IncludeObject::Object,
+            _ => IncludeObject::Metadata,
+        }
+    }
+}
+
+const NAME_DESCRIPTION: &str = "Name must be unique within a namespace. Is required when creating \
+    resources, although some resources may allow a client to request the generation of a name \
+    automatically. Name is primarily intended for creation idempotence and configuration \
+    definition. Cannot be updated. More info: \
+    https://kubernetes.io/docs/concepts/overview/working-with-objects/names#names";
+
+const CREATION_DESCRIPTION: &str = "CreationTimestamp is a timestamp representing the server time \
+    when this object was created. It is not guaranteed to be set in happens-before order across \
+    separate operations. Clients may not set this value. It is represented in RFC3339 form and is \
+    in UTC.";
+
+fn col(name: &str, type_: &str, priority: i32, description: &str) -> PrinterColumn {
+    PrinterColumn {
+        name: name.to_owned(),
+        type_: type_.to_owned(),
+        format: String::new(),
+        description: description.to_owned(),
+        priority,
+        json_path: String::new(),
+    }
+}
+
+fn age_col() -> PrinterColumn {
+    col("Age", "string", 0, CREATION_DESCRIPTION)
+}
+
+/// Computes a built-in kind's cells after NAME (for Events: all cells), at time `now`.
+type CellFn = fn(&Value, Timestamp) -> Vec<Value>;
+
+/// How a built-in kind prints: whether NAME leads (Events put it last, at priority 1), the
+/// columns after it and the function computing their cells.
+struct Layout {
+    name_first: bool,
+    columns: Vec<PrinterColumn>,
+    cells: CellFn,
+}
+
+fn layout(group: &str, kind: &str) -> Option<Layout> {
+    let l = |columns: Vec<PrinterColumn>, cells: CellFn| {
+        Some(Layout {
+            name_first: true,
+            columns,
+            cells,
+        })
+    };
+    match (group, kind) {
+        ("", "Pod") => l(
+            vec![
+                col(
+                    "Ready",
+                    "string",
+                    0,
+                    "The aggregate readiness state of this pod for accepting traffic.",
+                ),
+                col(
+                    "Status",
+                    "string",
+                    0,
+                    "The aggregate status of the containers in this pod.",
+                ),
+                col(
+                    "Restarts",
+                    "string",
+                    0,
+                    "The number of times the containers in this pod have been restarted and when the last container in this pod has restarted.",
+                ),
+                age_col(),
+                col(
+                    "IP",
+                    "string",
+                    1,
+                    "IP address allocated to the pod. Routable at least within the cluster. Empty if not yet allocated.",
+                ),
+                col(
+                    "Node",
+                    "string",
+                    1,
+                    "NodeName is a request to schedule this pod onto a specific node.",
+                ),
+                col(
+                    "Nominated Node",
+                    "string",
+                    1,
+                    "nominatedNodeName is set only when this pod preempts other pods on the node.",
+                ),
+                col(
+                    "Readiness Gates",
+                    "string",
+                    1,
+                    "If specified, all readiness gates will be evaluated for pod readiness.",
+                ),
+            ],
+            pod_cells,
+        ),
+        ("", "Namespace") => l(
+            vec![
+                col("Status", "string", 0, "The status of the namespace"),
+                age_col(),
+            ],
+            |o, now| vec![json!(str_at(o, &["status", "phase"])), age(o, now)],
+        ),
+        ("", "Service") => l(
+            vec![
+                col(
+                    "Type",
+                    "string",
+                    0,
+                    "type determines how the Service is exposed.",
+                ),
+                col(
+                    "Cluster-IP",
+                    "string",
+                    0,
+                    "clusterIP is the IP address of the service.",
+                ),
+                col(
+                    "External-IP",
+                    "string",
+                    0,
+                    "externalIPs is a list of IP addresses for which nodes in the cluster will also accept traffic for this service.",
+                ),
+                col(
+                    "Port(s)",
+                    "string",
+                    0,
+                    "The list of ports that are exposed by this service.",
+                ),
+                age_col(),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "Route service traffic to pods with label keys and values matching this selector.",
+                ),
+            ],
+            service_cells,
+        ),
+        ("", "Node") => l(
+            vec![
+                col("Status", "string", 0, "The status of the node"),
+                col("Roles", "string", 0, "The roles of the node"),
+                age_col(),
+                col(
+                    "Version",
+                    "string",
+                    0,
+                    "Kubelet Version reported by the node.",
+                ),
+                col(
+                    "Internal-IP",
+                    "string",
+                    1,
+                    "List of addresses reachable to the node.",
+                ),
+                col(
+                    "External-IP",
+                    "string",
+                    1,
+                    "List of addresses reachable to the node.",
+                ),
+                col(
+                    "OS-Image",
+                    "string",
+                    1,
+                    "OS Image reported by the node from /etc/os-release.",
+                ),
+                col(
+                    "Kernel-Version",
+                    "string",
+                    1,
+                    "Kernel Version reported by the node from 'uname -r'.",
+                ),
+                col(
+                    "Container-Runtime",
+                    "string",
+                    1,
+                    "ContainerRuntime Version reported by the node.",
+                ),
+            ],
+            node_cells,
+        ),
+        ("", "ConfigMap") => l(
+            vec![
+                col(
+                    "Data",
+                    "integer",
+                    0,
+                    "Data contains the configuration data.",
+                ),
+                age_col(),
+            ],
+            |o, now| {
+                vec![
+                    json!(len_at(o, &["data"]) + len_at(o, &["binaryData"])),
+                    age(o, now),
+                ]
+            },
+        ),
+        ("", "Secret") => l(
+            vec![
+                col(
+                    "Type",
+                    "string",
+                    0,
+                    "Used to facilitate programmatic handling of secret data.",
+                ),
+                col("Data", "integer", 0, "Data contains the secret data."),
+                age_col(),
+            ],
+            |o, now| {
+                vec![
+                    json!(str_at(o, &["type"])),
+                    json!(len_at(o, &["data"])),
+                    age(o, now),
+                ]
+            },
+        ),
+        ("", "ServiceAccount") => l(
+            vec![
+                col(
+                    "Secrets",
+                    "integer",
+                    0,
+                    "Secrets is a list of the secrets in the same namespace that pods running using this ServiceAccount are allowed to use.",
+                ),
+                age_col(),
+            ],
+            |o, now| vec![json!(len_at(o, &["secrets"])), age(o, now)],
+        ),
+        ("", "Endpoints") => l(
+            vec![
+                col("Endpoints", "string", 0, "Endpoints of the service"),
+                age_col(),
+            ],
+            |o, now| vec![json!(endpoints_summary(o)), age(o, now)],
+        ),
+        ("discovery.k8s.io", "EndpointSlice") => l(
+            vec![
+                col("AddressType", "string", 0, "The IP protocol for this slice"),
+                col("Ports", "string", 0, "The ports for this slice"),
+                col("Endpoints", "string", 0, "The endpoints for this slice"),
+                age_col(),
+            ],
+            endpointslice_cells,
+        ),
+        ("", "Event") | ("events.k8s.io", "Event") => Some(Layout {
+            name_first: false,
+            columns: vec![
+                col("Last Seen", "string", 0, "Time when last event occurred"),
+                col("Type", "string", 0, "Type of this event."),
+                col("Reason", "string", 0, "Reason of this event."),
+                col("Object", "string", 0, "Object this event is about."),
+                col("Subobject", "string", 1, "Subobject this event is about."),
+                col("Source", "string", 1, "Source of this event."),
+                col("Message", "string", 0, "Message of this event."),
+                col("First Seen", "string", 1, "Time when first event occurred"),
+                col("Count", "integer", 1, "Number of occurrences"),
+                PrinterColumn {
+                    format: "name".to_owned(),
+                    ..col("Name", "string", 1, NAME_DESCRIPTION)
+                },
+            ],
+            cells: if group.is_empty() {
+                core_event_cells
+            } else {
+                events_event_cells
+            },
+        }),
+        ("coordination.k8s.io", "Lease") => l(
+            vec![
+                col("Holder", "string", 0, "The holder of the lease"),
+                age_col(),
+            ],
+            |o, now| vec![json!(str_at(o, &["spec", "holderIdentity"])), age(o, now)],
+        ),
+        ("certificates.k8s.io", "CertificateSigningRequest") => l(
+            vec![
+                age_col(),
+                col(
+                    "SignerName",
+                    "string",
+                    0,
+                    "Only present if the signerName is set",
+                ),
+                col("Requestor", "string", 0, "Name of requestor"),
+                col(
+                    "RequestedDuration",
+                    "string",
+                    0,
+                    "Only present if the expirationSeconds is set",
+                ),
+                col("Condition", "string", 0, "Condition of the resource"),
+            ],
+            csr_cells,
+        ),
+        ("apps", "Deployment") => l(
+            vec![
+                col("Ready", "string", 0, "Number of the pod with ready state"),
+                col(
+                    "Up-to-date",
+                    "integer",
+                    0,
+                    "Total number of non-terminated pods targeted by this deployment that have the desired template spec.",
+                ),
+                col(
+                    "Available",
+                    "integer",
+                    0,
+                    "Total number of available pods (ready for at least minReadySeconds) targeted by this deployment.",
+                ),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "Label selector for pods. Existing ReplicaSets whose pods are selected by this will be the ones affected by this deployment.",
+                ),
+            ],
+            deployment_cells,
+        ),
+        ("apps", "ReplicaSet") => l(
+            vec![
+                col(
+                    "Desired",
+                    "integer",
+                    0,
+                    "Replicas is the number of desired pods.",
+                ),
+                col(
+                    "Current",
+                    "integer",
+                    0,
+                    "Replicas is the most recently observed number of replicas.",
+                ),
+                col(
+                    "Ready",
+                    "integer",
+                    0,
+                    "The number of ready replicas for this replica set.",
+                ),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "Selector is a label query over pods that should match the replica count.",
+                ),
+            ],
+            replicaset_cells,
+        ),
+        ("rbac.authorization.k8s.io", "RoleBinding" | "ClusterRoleBinding") => l(
+            vec![
+                col("Role", "string", 0, "Role to which this binding refers"),
+                age_col(),
+                col("Users", "string", 1, "Users in the binding"),
+                col("Groups", "string", 1, "Groups in the binding"),
+                col(
+                    "ServiceAccounts",
+                    "string",
+                    1,
+                    "ServiceAccounts in the binding",
+                ),
+            ],
+            binding_cells,
+        ),
+        ("rbac.authorization.k8s.io", "Role" | "ClusterRole") => l(
+            vec![PrinterColumn {
+                format: String::new(),
+                ..col("Created At", "date", 0, CREATION_DESCRIPTION)
+            }],
+            |o, _| vec![json!(str_at(o, &["metadata", "creationTimestamp"]))],
+        ),
+        _ => None,
+    }
+}
+
+/// The column definitions after NAME for a built-in kind, as its Table prints them (empty: the
+/// default convertor's NAME, CREATED AT). For Events, whose NAME is a wide column at the end,
+/// every column is listed.
+pub fn builtin_columns(group: &str, kind: &str) -> Vec<PrinterColumn> {
+    layout(group, kind).map(|l| l.columns).unwrap_or_default()
+}
+
+/// The full column list of a type, NAME included, and how to compute a row's cells.
+enum Printer {
+    Builtin(Layout),
+    /// NAME then the type's printer columns by JSONPath (CRDs).
+    Columns(Vec<PrinterColumn>),
+    /// kube-apiserver's default convertor: NAME, Created At.
+    Default,
+}
+
+fn printer(rt: &ResourceType) -> Printer {
+    if rt.origin == Origin::Builtin {
+        return match layout(&rt.group, &rt.kind) {
+            Some(l) => Printer::Builtin(l),
+            None => Printer::Default,
+        };
+    }
+    if rt.printer_columns.is_empty() {
+        Printer::Default
+    } else {
+        Printer::Columns(rt.printer_columns.clone())
+    }
+}
+
+fn name_col() -> PrinterColumn {
+    PrinterColumn {
+        format: "name".to_owned(),
+        ..col("Name", "string", 0, NAME_DESCRIPTION)
+    }
+}
+
+fn definitions(p: &Printer) -> Vec<Value> {
+    let cols: Vec<PrinterColumn> = match p {
+        Printer::Builtin(l) if l.name_first => std::iter::once(name_col())
+            .chain(l.columns.clone())
+            .collect(),
+        Printer::Builtin(l) => l.columns.clone(),
+        Printer::Columns(c) => std::iter::once(name_col())
+            .chain(c.iter().cloned())
+            .collect(),
+        Printer::Default => vec![
+            name_col(),
+            col("Created At", "date", 0, CREATION_DESCRIPTION),
+        ],
+    };
+    cols.iter()
+        .map(|c| {
+            json!({
+                "name": c.name,
+                "type": c.type_,
+                "format": c.format,
+                "description": c.description,
+                "priority": c.priority,
+            })
+        })
+        .collect()
+}
+
+fn cells(p: &Printer, obj: &Value, now: Timestamp) -> Vec<Value> {
+    let name = json!(str_at(obj, &["metadata", "name"]));
+    match p {
+        Printer::Builtin(l) if l.name_first => {
+            std::iter::once(name).chain((l.cells)(obj, now)).collect()
+        }
+        Printer::Builtin(l) => (l.cells)(obj, now),
+        Printer::Columns(cols) => std::iter::once(name)
+            .chain(cols.iter().map(|c| column_cell(c, obj, now)))
+            .collect(),
+        Printer::Default => vec![name, json!(str_at(obj, &["metadata", "creationTimestamp"]))],
+    }
+}
+
+fn row_value(p: &Printer, obj: &Value, include: IncludeObject, now: Timestamp) -> Value {
+    let mut row = Map::new();
+    row.insert("cells".into(), Value::Array(cells(p, obj, now)));
+    match include {
+        IncludeObject::None => {}
+        IncludeObject::Metadata => {
+            row.insert("object".into(), partial_metadata(obj));
+        }
+        IncludeObject::Object => {
+            row.insert("object".into(), obj.clone());
+        }
+    }
+    Value::Object(row)
+}
+
+/// `PartialObjectMetadata` of an object: what kubectl needs for labels and namespaces.
+pub fn partial_metadata(obj: &Value) -> Value {
+    json!({
+        "kind": "PartialObjectMetadata",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": obj.get("metadata").cloned().unwrap_or_else(|| json!({})),
+    })
+}
+
+/// A Table of `objects`, with `list_metadata` (`resourceVersion`, `continue`,
+/// `remainingItemCount`) as the Table's metadata. Ages are relative to the current time.
+pub fn to_table(
+    rt: &ResourceType,
+    objects: &[Value],
+    include: IncludeObject,
+    list_metadata: Value,
+) -> Value {
+    to_table_at(rt, objects, include, list_metadata, Timestamp::now())
+}
+
+/// [`to_table`] with ages relative to `now`, for reproducible output.
+pub fn to_table_at(
+    rt: &ResourceType,
+    objects: &[Value],
+    include: IncludeObject,
+    list_metadata: Value,
+    now: Timestamp,
+) -> Value {
+    let p = printer(rt);
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_metadata,
+        "columnDefinitions": definitions(&p),
+        "rows": objects.iter().map(|o| row_value(&p, o, include, now)).collect::<Vec<_>>(),
+    })
+}
+
+/// A one-row Table for a single GET or a watch event (ADDED, MODIFIED and DELETED alike), with
+/// the column definitions repeated so every event stands alone.
+pub fn row(rt: &ResourceType, obj: &Value, include: IncludeObject) -> Value {
+    row_at(rt, obj, include, Timestamp::now())
+}
+
+/// [`row`] with ages relative to `now`.
+pub fn row_at(rt: &ResourceType, obj: &Value, include: IncludeObject, now: Timestamp) -> Value {
+    let rv = obj
+        .pointer("/metadata/resourceVersion")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let meta = if rv.is_null() {
+        json!({})
+    } else {
+        json!({ "resourceVersion": rv })
+    };
+    to_table_at(rt, std::slice::from_ref(obj), include, meta, now)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small accessors.
+
+fn at<'a>(obj: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    path.iter().try_fold(obj, |v, k| v.get(*k))
+}
+
+fn str_at<'a>(obj: &'a Value, path: &[&str]) -> &'a str {
+    at(obj, path).and_then(Value::as_str).unwrap_or("")
+}
+
+fn int_at(obj: &Value, path: &[&str]) -> i64 {
+    at(obj, path).and_then(Value::as_i64).unwrap_or(0)
+}
+
+fn len_at(obj: &Value, path: &[&str]) -> usize {
+    match at(obj, path) {
+        Some(Value::Object(m)) => m.len(),
+        Some(Value::Array(a)) => a.len(),
+        _ => 0,
+    }
+}
+
+fn arr<'a>(obj: &'a Value, path: &[&str]) -> &'a [Value] {
+    at(obj, path)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+fn or_none(s: String) -> String {
+    if s.is_empty() { "<none>".to_owned() } else { s }
+}
+
+fn parse_time(s: &str) -> Option<Timestamp> {
+    s.parse::<Timestamp>().ok()
+}
+
+/// kube-apiserver's AGE cell: `<unknown>` without a creation timestamp.
+fn age(obj: &Value, now: Timestamp) -> Value {
+    json!(since(str_at(obj, &["metadata", "creationTimestamp"]), now))
+}
+
+fn since(timestamp: &str, now: Timestamp) -> String {
+    match parse_time(timestamp) {
+        Some(t) => human_duration(now.as_second() - t.as_second()),
+        None => "<unknown>".to_owned(),
+    }
+}
+
+/// apimachinery's `duration.HumanDuration`: precision shrinks as the duration grows.
+pub fn human_duration(seconds: i64) -> String {
+    if seconds < -1 {
+        return "<invalid>".to_owned();
+    }
+    if seconds < 0 {
+        return "0s".to_owned();
+    }
+    if seconds < 120 {
+        return format!("{seconds}s");
+    }
+    let minutes = seconds / 60;
+    if minutes < 10 {
+        let s = seconds % 60;
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
+    }
+    if minutes < 180 {
+        return format!("{minutes}m");
+    }
+    let hours = seconds / 3600;
+    if hours < 8 {
+        let m = minutes % 60;
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
+    }
+    if hours < 48 {
+        return format!("{hours}h");
+    }
+    if hours < 24 * 8 {
+        let h = hours % 24;
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        };
+    }
+    if hours < 24 * 365 * 2 {
+        return format!("{}d", hours / 24);
+    }
+    if hours < 24 * 365 * 8 {
+        let dy = (hours / 24) % 365;
+        return if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{dy}d", hours / 24 / 365)
+        };
+    }
+    format!("{}y", hours / 24 / 365)
+}
+
+/// `k=v,k2=v2` sorted by key, as `labels.FormatLabels`.
+fn format_labels(map: Option<&Value>) -> String {
+    let Some(Value::Object(m)) = map else {
+        return String::new();
+    };
+    let mut pairs: Vec<String> = m
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    pairs.sort();
+    pairs.join(",")
+}
+
+/// `metav1.FormatLabelSelector`: match labels, then expressions.
+fn format_label_selector(sel: Option<&Value>) -> String {
+    let Some(sel) = sel else {
+        return "<none>".to_owned();
+    };
+    let mut parts = Vec::new();
+    if let Some(Value::Object(m)) = sel.get("matchLabels") {
+        let mut keys: Vec<&String> = m.keys().collect();
+        keys.sort();
+        for k in keys {
+            parts.push(format!("{k}={}", m[k].as_str().unwrap_or_default()));
+        }
+    }
+    for e in arr(sel, &["matchExpressions"]) {
+        let key = str_at(e, &["key"]);
+        let values: Vec<&str> = arr(e, &["values"])
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        let part = match str_at(e, &["operator"]) {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key.to_owned(),
+            "DoesNotExist" => format!("!{key}"),
+            op => format!("{key} {op} ({})", values.join(",")),
+        };
+        parts.push(part);
+    }
+    if parts.is_empty() {
+        "<none>".to_owned()
+    } else {
+        parts.join(",")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-kind cells, after kube-apiserver's `pkg/printers/internalversion`.
+
+fn pod_cells(pod: &Value, now: Timestamp) -> Vec<Value> {
+    let containers = arr(pod, &["spec", "containers"]);
+    let mut total = containers.len();
+    let mut ready = 0usize;
+    let mut restarts = 0i64;
+    let mut last_restart: Option<Timestamp> = None;
+    let mut reason = str_at(pod, &["status", "phase"]).to_owned();
+    if !str_at(pod, &["status", "reason"]).is_empty() {
+        reason = str_at(pod, &["status", "reason"]).to_owned();
+    }
+    let note_restart = |cs: &Value, restarts: &mut i64, last: &mut Option<Timestamp>| {
+        *restarts += int_at(cs, &["restartCount"]);
+        if let Some(t) = parse_time(str_at(cs, &["lastState", "terminated", "finishedAt"]))
+            && last.is_none_or(|l| t > l)
+        {
+            *last = Some(t);
+        }
+    };
+
+    // Sidecars (restartable init containers) count as containers.
+    let sidecars: Vec<&str> = arr(pod, &["spec", "initContainers"])
+        .iter()
+        .filter(|c| str_at(c, &["restartPolicy"]) == "Always")
+        .map(|c| str_at(c, &["name"]))
+        .collect();
+    total += sidecars.len();
+
+    let init_statuses = arr(pod, &["status", "initContainerStatuses"]);
+    let init_total = arr(pod, &["spec", "initContainers"]).len();
+    let mut initializing = false;
+    for (i, cs) in init_statuses.iter().enumerate() {
+        note_restart(cs, &mut restarts, &mut last_restart);
+        let is_sidecar = sidecars.contains(&str_at(cs, &["name"]));
+        if is_sidecar && cs.get("started").and_then(Value::as_bool) == Some(true) {
+            if cs.get("ready").and_then(Value::as_bool) == Some(true) {
+                ready += 1;
+            }
+            continue;
+        }
+        let term = at(cs, &["state", "terminated"]);
+        if let Some(t) = term
+            && int_at(t, &["exitCode"]) == 0
+        {
+            continue;
+        }
+        if let Some(t) = term {
+            reason = if !str_at(t, &["reason"]).is_empty() {
+                format!("Init:{}", str_at(t, &["reason"]))
+            } else if int_at(t, &["signal"]) != 0 {
+                format!("Init:Signal:{}", int_at(t, &["signal"]))
+            } else {
+                format!("Init:ExitCode:{}", int_at(t, &["exitCode"]))
+            };
+        } else if let Some(w) = at(cs, &["state", "waiting"])
+            && !str_at(w, &["reason"]).is_empty()
+            && str_at(w, &["reason"]) != "PodInitializing"
+        {
+            reason = format!("Init:{}", str_at(w, &["reason"]));
+        } else {
+            reason = format!("Init:{i}/{init_total}");
+        }
+        initializing = true;
+        break;
+    }
+
+    if !initializing {
+        restarts = 0;
+        last_restart = None;
+        for cs in init_statuses {
+            if sidecars.contains(&str_at(cs, &["name"])) {
+                note_restart(cs, &mut restarts, &mut last_restart);
+            }
+        }
+        let mut has_running = false;
+        for cs in arr(pod, &["status", "containerStatuses"]).iter().rev() {
+            note_restart(cs, &mut restarts, &mut last_restart);
+            if let Some(w) = at(cs, &["state", "waiting"])
+                && !str_at(w, &["reason"]).is_empty()
+            {
+                reason = str_at(w, &["reason"]).to_owned();
+            } else if let Some(t) = at(cs, &["state", "terminated"]) {
+                reason = if !str_at(t, &["reason"]).is_empty() {
+                    str_at(t, &["reason"]).to_owned()
+                } else if int_at(t, &["signal"]) != 0 {
+                    format!("Signal:{}", int_at(t, &["signal"]))
+                } else {
+                    format!("ExitCode:{}", int_at(t, &["exitCode"]))
+                };
+            } else if at(cs, &["state", "running"]).is_some()
+                && cs.get("ready").and_then(Value::as_bool) == Some(true)
+            {
+                has_running = true;
+                ready += 1;
+            }
+        }
+        if reason == "Completed" && has_running {
+            let pod_ready = arr(pod, &["status", "conditions"])
+                .iter()
+                .any(|c| str_at(c, &["type"]) == "Ready" && str_at(c, &["status"]) == "True");
+            reason = if pod_ready {
+                "Running".to_owned()
+            } else {
+                "NotReady".to_owned()
+            };
+        }
+    }
+
+    if pod
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
+        reason = if str_at(pod, &["status", "reason"]) == "NodeLost" {
+            "Unknown".to_owned()
+        } else {
+            "Terminating".to_owned()
+        };
+    }
+
+    let restarts_cell = match last_restart {
+        Some(t) if restarts > 0 => {
+            format!(
+                "{restarts} ({} ago)",
+                human_duration(now.as_second() - t.as_second())
+            )
+        }
+        _ => restarts.to_string(),
+    };
+
+    let gates = arr(pod, &["spec", "readinessGates"]);
+    let gates_cell = if gates.is_empty() {
+        "<none>".to_owned()
+    } else {
+        let conditions = arr(pod, &["status", "conditions"]);
+        let true_gates = gates
+            .iter()
+            .filter(|g| {
+                conditions.iter().any(|c| {
+                    str_at(c, &["type"]) == str_at(g, &["conditionType"])
+                        && str_at(c, &["status"]) == "True"
+                })
+            })
+            .count();
+        format!("{true_gates}/{}", gates.len())
+    };
+
+    vec![
+        json!(format!("{ready}/{total}")),
+        json!(reason),
+        json!(restarts_cell),
+        age(pod, now),
+        json!(or_none(str_at(pod, &["status", "podIP"]).to_owned())),
+        json!(or_none(str_at(pod, &["spec", "nodeName"]).to_owned())),
+        json!(or_none(
+            str_at(pod, &["status", "nominatedNodeName"]).to_owned()
+        )),
+        json!(gates_cell),
+    ]
+}
+
+fn service_cells(svc: &Value, now: Timestamp) -> Vec<Value> {
+    let type_ = match str_at(svc, &["spec", "type"]) {
+        "" => "ClusterIP",
+        t => t,
+    };
+    let external_ips: Vec<&str> = arr(svc, &["spec", "externalIPs"])
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let external = match type_ {
+        "ClusterIP" | "NodePort" => or_none(external_ips.join(",")),
+        "LoadBalancer" => {
+            let mut ips: Vec<String> = arr(svc, &["status", "loadBalancer", "ingress"])
+                .iter()
+                .map(|i| {
+                    let ip = str_at(i, &["ip"]);
+                    if ip.is_empty() {
+                        str_at(i, &["hostname"]).to_owned()
+                    } else {
+                        ip.to_owned()
+                    }
+                })
+                .filter(|s| !s.is_empty())
+                .collect();
+            ips.extend(external_ips.iter().map(|s| (*s).to_owned()));
+            if ips.is_empty() {
+                "<pending>".to_owned()
+            } else {
+                ips.join(",")
+            }
+        }
+        "ExternalName" => str_at(svc, &["spec", "externalName"]).to_owned(),
+        _ => "<unknown>".to_owned(),
+    };
+    let ports: Vec<String> = arr(svc, &["spec", "ports"])
+        .iter()
+        .map(|p| {
+            let proto = match str_at(p, &["protocol"]) {
+                "" => "TCP",
+                x => x,
+            };
+            let port = int_at(p, &["port"]);
+            match int_at(p, &["nodePort"]) {
+                0 => format!("{port}/{proto}"),
+                np => format!("{port}:{np}/{proto}"),
+            }
+        })
+        .collect();
+    vec![
+        json!(type_),
+        json!(or_none(str_at(svc, &["spec", "clusterIP"]).to_owned())),
+        json!(external),
+        json!(or_none(ports.join(","))),
+        age(svc, now),
+        json!(or_none(format_labels(at(svc, &["spec", "selector"])))),
+    ]
+}
+
+fn node_cells(node: &Value, now: Timestamp) -> Vec<Value> {
+    let mut status: Vec<String> = Vec::new();
+    match arr(node, &["status", "conditions"])
+        .iter()
+        .find(|c| str_at(c, &["type"]) == "Ready")
+    {
+        Some(c) if str_at(c, &["status"]) == "True" => status.push("Ready".into()),
+        Some(c) if str_at(c, &["status"]) == "False" => status.push("NotReady".into()),
+        _ => status.push("Unknown".into()),
+    }
+    if node.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+        status.push("SchedulingDisabled".into());
+    }
+    let mut roles: Vec<String> = Vec::new();
+    if let Some(Value::Object(labels)) = node.pointer("/metadata/labels") {
+        for (k, v) in labels {
+            if let Some(role) = k.strip_prefix("node-role.kubernetes.io/") {
+                if !role.is_empty() {
+                    roles.push(role.to_owned());
+                }
+            } else if k == "kubernetes.io/role" && v.as_str().is_some_and(|s| !s.is_empty()) {
+                roles.push(v.as_str().unwrap_or_default().to_owned());
+            }
+        }
+    }
+    roles.sort();
+    roles.dedup();
+    let address = |kind: &str| {
+        or_none(
+            arr(node, &["status", "addresses"])
+                .iter()
+                .find(|a| str_at(a, &["type"]) == kind)
+                .map(|a| str_at(a, &["address"]).to_owned())
+                .unwrap_or_default(),
+        )
+    };
+    let info = |field: &str| {
+        let v = str_at(node, &["status", "nodeInfo", field]);
+        if v.is_empty() {
+            "<unknown>".to_owned()
+        } else {
+            v.to_owned()
+        }
+    };
+    vec![
+        json!(status.join(",")),
+        json!(or_none(roles.join(","))),
+        age(node, now),
+        json!(str_at(node, &["status", "nodeInfo", "kubeletVersion"])),
+        json!(address("InternalIP")),
+        json!(address("ExternalIP")),
+        json!(info("osImage")),
+        json!(info("kernelVersion")),
+        json!(info("containerRuntimeVersion")),
+    ]
+}
+
+/// The first three endpoints then `+ N more...`, as kube-apiserver shortens them.
+fn summarize(list: Vec<String>) -> String {
+    const MAX: usize = 3;
+    if list.is_empty() {
+        return "<none>".to_owned();
+    }
+    if list.len() > MAX {
+        return format!("{} + {} more...", list[..MAX].join(","), list.len() - MAX);
+    }
+    list.join(",")
+}
+
+fn endpoints_summary(ep: &Value) -> String {
+    let mut list = Vec::new();
+    for subset in arr(ep, &["subsets"]) {
+        let ports = arr(subset, &["ports"]);
+        for addr in arr(subset, &["addresses"]) {
+            let ip = str_at(addr, &["ip"]);
+            if ports.is_empty() {
+                list.push(ip.to_owned());
+            }
+            for p in ports {
+                list.push(format!("{ip}:{}", int_at(p, &["port"])));
+            }
+        }
+    }
+    summarize(list)
+}
+
+fn endpointslice_cells(slice: &Value, now: Timestamp) -> Vec<Value> {
+    let ports: Vec<String> = arr(slice, &["ports"])
+        .iter()
+        .map(|p| match p.get("port").and_then(Value::as_i64) {
+            Some(n) => n.to_string(),
+            None => "<unset>".to_owned(),
+        })
+        .collect();
+    let addresses: Vec<String> = arr(slice, &["endpoints"])
+        .iter()
+        .flat_map(|e| {
+            arr(e, &["addresses"])
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    let ports_cell = if arr(slice, &["ports"]).is_empty() {
+        "<unset>".to_owned()
+    } else if ports.len() > 3 {
+        format!("{} + {} more...", ports[..3].join(","), ports.len() - 3)
+    } else {
+        ports.join(",")
+    };
+    vec![
+        json!(str_at(slice, &["addressType"])),
+        json!(ports_cell),
+        json!(summarize(addresses)),
+        age(slice, now),
+    ]
+}
+
+/// Cells of an Event in either API: `regarding`/`note`/`reportingController` (events.k8s.io) or
+/// `involvedObject`/`message`/`source` (core).
+struct EventView<'a> {
+    obj: &'a Value,
+    target: &'a Value,
+    message: &'a str,
+    first: &'a str,
+    last: &'a str,
+    count: Option<i64>,
+    source: String,
+}
+
+fn event_cells(e: EventView<'_>, now: Timestamp) -> Vec<Value> {
+    let obj = e.obj;
+    let micro = str_at(obj, &["eventTime"]);
+    let first = if e.first.is_empty() {
+        since(micro, now)
+    } else {
+        since(e.first, now)
+    };
+    let mut last = if e.last.is_empty() {
+        first.clone()
+    } else {
+        since(e.last, now)
+    };
+    let mut count = e.count.filter(|c| *c != 0).unwrap_or(1);
+    if let Some(series) = obj.get("series").filter(|s| s.is_object()) {
+        last = since(str_at(series, &["lastObservedTime"]), now);
+        count = int_at(series, &["count"]);
+    }
+    let kind = str_at(e.target, &["kind"]).to_ascii_lowercase();
+    let name = str_at(e.target, &["name"]);
+    let target = if name.is_empty() {
+        kind
+    } else {
+        format!("{kind}/{name}")
+    };
+    vec![
+        json!(last),
+        json!(str_at(obj, &["type"])),
+        json!(str_at(obj, &["reason"])),
+        json!(target),
+        json!(str_at(e.target, &["fieldPath"])),
+        json!(e.source),
+        json!(e.message.trim()),
+        json!(first),
+        json!(count),
+        json!(str_at(obj, &["metadata", "name"])),
+    ]
+}
+
+fn event_source(component: &str, host: &str) -> String {
+    if host.is_empty() {
+        component.to_owned()
+    } else {
+        format!("{component}, {host}")
+    }
+}
+
+fn core_event_cells(ev: &Value, now: Timestamp) -> Vec<Value> {
+    let component = match str_at(ev, &["source", "component"]) {
+        "" => str_at(ev, &["reportingComponent"]),
+        c => c,
+    };
+    let host = match str_at(ev, &["source", "host"]) {
+        "" => str_at(ev, &["reportingInstance"]),
+        h => h,
+    };
+    event_cells(
+        EventView {
+            obj: ev,
+            target: ev.get("involvedObject").unwrap_or(&Value::Null),
+            message: str_at(ev, &["message"]),
+            first: str_at(ev, &["firstTimestamp"]),
+            last: str_at(ev, &["lastTimestamp"]),
+            count: ev.get("count").and_then(Value::as_i64),
+            source: event_source(component, host),
+        },
+        now,
+    )
+}
+
+fn events_event_cells(ev: &Value, now: Timestamp) -> Vec<Value> {
+    let component = match str_at(ev, &["deprecatedSource", "component"]) {
+        "" => str_at(ev, &["reportingController"]),
+        c => c,
+    };
+    let host = match str_at(ev, &["deprecatedSource", "host"]) {
+        "" => str_at(ev, &["reportingInstance"]),
+        h => h,
+    };
+    event_cells(
+        EventView {
+            obj: ev,
+            target: ev.get("regarding").unwrap_or(&Value::Null),
+            message: str_at(ev, &["note"]),
+            first: str_at(ev, &["deprecatedFirstTimestamp"]),
+            last: str_at(ev, &["deprecatedLastTimestamp"]),
+            count: ev.get("deprecatedCount").and_then(Value::as_i64),
+            source: event_source(component, host),
+        },
+        now,
+    )
+}
+
+fn csr_cells(csr: &Value, now: Timestamp) -> Vec<Value> {
+    let signer = or_none(str_at(csr, &["spec", "signerName"]).to_owned());
+    let duration = match csr
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+    {
+        Some(s) => human_duration(s),
+        None => "<none>".to_owned(),
+    };
+    let mut conditions: Vec<String> = Vec::new();
+    for c in arr(csr, &["status", "conditions"]) {
+        let t = str_at(c, &["type"]);
+        if !t.is_empty() && str_at(c, &["status"]) != "False" {
+            conditions.push(t.to_owned());
+        }
+    }
+    if csr
+        .pointer("/status/certificate")
+        .and_then(Value::as_str)
+        .is_some_and(|s| !s.is_empty())
+    {
+        conditions.push("Issued".to_owned());
+    }
+    conditions.sort();
+    let condition = if conditions.is_empty() {
+        "Pending".to_owned()
+    } else {
+        conditions.join(",")
+    };
+    vec![
+        age(csr, now),
+        json!(signer),
+        json!(str_at(csr, &["spec", "username"])),
+        json!(duration),
+        json!(condition),
+    ]
+}
+
+fn template_summary(obj: &Value) -> (String, String) {
+    let containers = arr(obj, &["spec", "template", "spec", "containers"]);
+    let names: Vec<&str> = containers.iter().map(|c| str_at(c, &["name"])).collect();
+    let images: Vec<&str> = containers.iter().map(|c| str_at(c, &["image"])).collect();
+    (names.join(","), images.join(","))
+}
+
+fn deployment_cells(d: &Value, now: Timestamp) -> Vec<Value> {
+    let desired = d
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let (names, images) = template_summary(d);
+    vec![
+        json!(format!(
+            "{}/{desired}",
+            int_at(d, &["status", "readyReplicas"])
+        )),
+        json!(int_at(d, &["status", "updatedReplicas"])),
+        json!(int_at(d, &["status", "availableReplicas"])),
+        age(d, now),
+        json!(names),
+        json!(images),
+        json!(format_label_selector(at(d, &["spec", "selector"]))),
+    ]
+}
+
+fn replicaset_cells(rs: &Value, now: Timestamp) -> Vec<Value> {
+    let desired = rs
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let (names, images) = template_summary(rs);
+    vec![
+        json!(desired),
+        json!(int_at(rs, &["status", "replicas"])),
+        json!(int_at(rs, &["status", "readyReplicas"])),
+        age(rs, now),
+        json!(names),
+        json!(images),
+        json!(format_label_selector(at(rs, &["spec", "selector"]))),
+    ]
+}
+
+fn binding_cells(b: &Value, now: Timestamp) -> Vec<Value> {
+    let subjects = arr(b, &["subjects"]);
+    let of_kind = |kind: &str| -> String {
+        subjects
+            .iter()
+            .filter(|s| str_at(s, &["kind"]) == kind)
+            .map(|s| {
+                let ns = str_at(s, &["namespace"]);
+                let name = str_at(s, &["name"]);
+                if kind == "ServiceAccount" {
+                    format!("{ns}/{name}")
+                } else {
+                    name.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    vec![
+        json!(format!(
+            "{}/{}",
+            str_at(b, &["roleRef", "kind"]),
+            str_at(b, &["roleRef", "name"])
+        )),
+        age(b, now),
+        json!(of_kind("User")),
+        json!(of_kind("Group")),
+        json!(of_kind("ServiceAccount")),
+    ]
+}
+
+// ---------------------------------------------------------------------------------------------
+// CRD columns: the apiextensions table convertor.
+
+fn column_cell(c: &PrinterColumn, obj: &Value, now: Timestamp) -> Value {
+    let Some(value) = jsonpath_first(obj, &c.json_path) else {
+        return Value::Null;
+    };
+    match c.type_.as_str() {
+        "integer" => match &value {
+            Value::Number(n) => n
+                .as_i64()
+                .or_else(|| n.as_f64().map(|f| f as i64))
+                .map_or(Value::Null, |i| json!(i)),
+            _ => Value::Null,
+        },
+        "number" => value.as_f64().map_or(Value::Null, |f| json!(f)),
+        "boolean" => value.as_bool().map_or(Value::Null, Value::Bool),
+        "date" => match value.as_str() {
+            Some(s) => match parse_time(s) {
+                Some(t) => json!(human_duration(now.as_second() - t.as_second())),
+                None => json!("<invalid>"),
+            },
+            None => Value::Null,
+        },
+        // "string" prints any value the way kubectl's JSONPath printer does.
+        _ => match value {
+            Value::String(s) => Value::String(s),
+            Value::Null => Value::Null,
+            other => Value::String(other.to_string()),
+        },
+    }
+}
+
+/// One JSONPath step.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Field(String),
+    Index(usize),
+    Wildcard,
+    /// `[?(@.a.b=="v")]` (also `!=`).
+    Filter {
+        path: Vec<String>,
+        value: String,
+        negate: bool,
+    },
+}
+
+/// Parses the JSONPath subset `additionalPrinterColumns` use: `.a.b`, `['a.b']`, `[0]`, `[*]`,
+/// and `[?(@.type=="Ready")]`. `None` for anything else.
+fn parse_jsonpath(path: &str) -> Option<Vec<Step>> {
+    let path = path.trim();
+    let path = path
+        .strip_prefix('{')
+        .and_then(|p| p.strip_suffix('}'))
+        .unwrap_or(path);
+    let path = path.strip_prefix('$').unwrap_or(path);
+    let mut steps = Vec::new();
+    let chars: Vec<char> = path.chars().collect();
+    let mut i = 0;
+    while i < chars.len() {
+        match chars[i] {
+            '.' => {
+                let start = i + 1;
+                let mut j = start;
+                while j < chars.len() && chars[j] != '.' && chars[j] != '[' {
+                    j += 1;
+                }
+                let name: String = chars[start..j].iter().collect();
+                if name == "*" {
+                    steps.push(Step::Wildcard);
+                } else if !name.is_empty() {
+                    steps.push(Step::Field(name));
+                }
+                i = j;
+            }
+            '[' => {
+                let close = bracket_end(&chars, i)?;
+                let inner: String = chars[i + 1..close].iter().collect();
+                let inner = inner.trim();
+                if inner == "*" {
+                    steps.push(Step::Wildcard);
+                } else if let Ok(n) = inner.parse::<usize>() {
+                    steps.push(Step::Index(n));
+                } else if let Some(q) = inner
+                    .strip_prefix('\'')
+                    .and_then(|s| s.strip_suffix('\''))
+                    .or_else(|| inner.strip_prefix('"').and_then(|s| s.strip_suffix('"')))
+                {
+                    steps.push(Step::Field(q.to_owned()));
+                } else if let Some(f) = inner.strip_prefix("?(").and_then(|s| s.strip_suffix(')')) {
+                    steps.push(parse_filter(f)?);
+                } else {
+                    return None;
+                }
+                i = close + 1;
+            }
+            c if c.is_whitespace() => i += 1,
+            _ => {
+                // A leading field without a dot, e.g. `spec.x`.
+                let start = i;
+                let mut j = start;
+                while j < chars.len() && chars[j] != '.' && chars[j] != '[' {
+                    j += 1;
+                }
+                steps.push(Step::Field(chars[start..j].iter().collect()));
+                i = j;
+            }
+        }
+    }
+    Some(steps)
+}
+
+fn bracket_end(chars: &[char], open: usize) -> Option<usize> {
+    let mut quote: Option<char> = None;
+    let mut depth = 0;
+    for (k, &c) in chars.iter().enumerate().skip(open) {
+        match (quote, c) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '\'' | '"') => quote = Some(c),
+            (None, '[') => depth += 1,
+            (None, ']') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn parse_filter(f: &str) -> Option<Step> {
+    let (lhs, rhs, negate) = if let Some((l, r)) = f.split_once("!=") {
+        (l, r, true)
+    } else {
+        let (l, r) = f.split_once("==")?;
+        (l, r, false)
+    };
+    let lhs = lhs.trim().strip_prefix('@')?;
+    let path: Vec<String> = lhs
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let rhs = rhs.trim();
+    let value = rhs
+        .strip_prefix('"')
+        .and_then(|s| s.strip_suffix('"'))
+        .or_else(|| rhs.strip_prefix('\'').and_then(|s| s.strip_suffix('\'')))
+        .unwrap_or(rhs)
+        .to_owned();
+    Some(Step::Filter {
+        path,
+        value,
+        negate,
+    })
+}
+
+/// The first value a JSONPath finds in `obj` (the apiextensions convertor prints only the first).
+pub fn jsonpath_first(obj: &Value, path: &str) -> Option<Value> {
+    let steps = parse_jsonpath(path)?;
+    let mut current: Vec<&Value> = vec![obj];
+    for step in &steps {
+        let mut next = Vec::new();
+        for v in current {
+            match step {
+                Step::Field(name) => next.extend(v.get(name.as_str())),
+                Step::Index(n) => next.extend(v.get(*n)),
+                Step::Wildcard => match v {
+                    Value::Array(a) => next.extend(a.iter()),
+                    Value::Object(m) => next.extend(m.values()),
+                    _ => {}
+                },
+                Step::Filter {
+                    path,
+                    value,
+                    negate,
+                } => {
+                    for item in v.as_array().map(Vec::as_slice).unwrap_or(&[]) {
+                        let found = path.iter().try_fold(item, |x, k| x.get(k.as_str()));
+                        let text = match found {
+                            Some(Value::String(s)) => Some(s.clone()),
+                            Some(Value::Null) | None => None,
+                            Some(other) => Some(other.to_string()),
+                        };
+                        let equal = text.as_deref() == Some(value.as_str());
+                        if equal != *negate && (found.is_some() || *negate) {
+                            next.push(item);
+                        }
+                    }
+                }
+            }
+        }
+        current = next;
+    }
+    current.into_iter().next().cloned()
+}
