@@ -822,5 +822,4 @@ fn unescape(s: &str) -> Result<String, &'static str> {
 }
 
 #[cfg(test)]
-#[path = "selectors/tests.rs"]
 mod tests;

@@ -1,0 +1,1 @@
+//! Strategic merge patch cases.
