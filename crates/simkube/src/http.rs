@@ -1,1 +1,599 @@
-//! Being written.
+//! The HTTP front: one axum handler that records, delays, authenticates, authorizes and
+//! fault-injects every request, parses Kubernetes URLs, negotiates the representation (JSON,
+//! Table, PartialObjectMetadata, aggregated discovery) and dispatches to the object handlers.
+
+mod objects;
+mod query;
+mod shim;
+
+use crate::discovery;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode, header};
+use serde_json::Value;
+
+use crate::auth::{self, RequestAttributes, UserInfo};
+use crate::error::ApiError;
+use crate::registry::{Registry, ResourceType};
+use crate::store::{Store, TypeKey};
+use crate::tls::ClientIdentity;
+
+pub(crate) use objects::Selectors;
+pub use query::Query;
+
+/// Largest request body accepted (the real server's limit is 3 MiB for most writes).
+pub const DEFAULT_BODY_LIMIT: usize = 3 * 1024 * 1024;
+/// Requests kept in the request log.
+const REQUEST_LOG_CAPACITY: usize = 100_000;
+
+/// One served request, for tests that assert on API usage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// HTTP method.
+    pub method: String,
+    /// URL path.
+    pub path: String,
+    /// Raw query string (without `?`).
+    pub query: String,
+    /// Authenticated user name (`system:anonymous` or empty before authentication).
+    pub user: String,
+    /// The Kubernetes verb the request was attributed to (`get`, `list`, `watch`, ...).
+    pub verb: String,
+    /// HTTP status code of the response (200 for a watch that started streaming).
+    pub code: u16,
+}
+
+/// An injected failure: the next `remaining` requests with this verb and resource get `error`.
+#[derive(Debug, Clone)]
+pub struct Fault {
+    /// Kubernetes verb (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection`) or `*`.
+    pub verb: String,
+    /// Plural resource, `resource/subresource`, or `*`.
+    pub resource: String,
+    /// How many more requests it applies to.
+    pub remaining: usize,
+    /// The Status answered.
+    pub error: ApiError,
+}
+
+/// Server knobs fixed at start.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Cluster name.
+    pub name: String,
+    /// Whether RBAC is enforced.
+    pub rbac: bool,
+    /// Largest accepted request body.
+    pub body_limit: usize,
+    /// How often watches with `allowWatchBookmarks=true` get a BOOKMARK.
+    pub bookmark_interval: Duration,
+    /// Watch duration when the client sends no `timeoutSeconds` (kubectl sends none).
+    pub default_watch_timeout: Duration,
+}
+
+/// Hook for `pods/{name}/log` and `pods/{name}/exec` (the kubelet proxy plugs in here).
+pub type PodProxy = Arc<
+    dyn Fn(
+            Arc<ServerState>,
+            Request,
+            String,
+            String,
+            String,
+        ) -> futures::future::BoxFuture<'static, Response>
+        + Send
+        + Sync,
+>;
+
+/// Everything the handlers share: store, registry, auth, config and test controls.
+pub struct ServerState {
+    /// Knobs.
+    pub config: ServerConfig,
+    /// The objects.
+    pub store: Store,
+    /// Served types; replaced whole when CRDs change.
+    pub registry: RwLock<Arc<Registry>>,
+    /// Request authentication.
+    pub authenticator: auth::Authenticator,
+    /// Pending injected failures.
+    pub faults: Mutex<Vec<Fault>>,
+    /// Delay added to every request.
+    pub latency: Mutex<Duration>,
+    /// Recent requests, oldest first.
+    pub requests: Mutex<VecDeque<RequestRecord>>,
+    /// Bumped to end every open watch.
+    pub watch_breaker: tokio::sync::watch::Sender<u64>,
+    /// Handler for `pods/log` and `pods/exec`; none answers 503.
+    pub pod_proxy: RwLock<Option<PodProxy>>,
+}
+
+impl std::fmt::Debug for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerState")
+            .field("config", &self.config)
+            .field("store", &self.store)
+            .field("authenticator", &self.authenticator)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerState {
+    /// The current registry.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Replaces the registry.
+    pub fn set_registry(&self, registry: Registry) {
+        *self.registry.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(registry);
+    }
+
+    fn record(&self, rec: RequestRecord) {
+        let mut log = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        if log.len() >= REQUEST_LOG_CAPACITY {
+            log.pop_front();
+        }
+        log.push_back(rec);
+    }
+
+    fn take_fault(&self, verb: &str, resource: &str, subresource: &str) -> Option<ApiError> {
+        let mut faults = self.faults.lock().unwrap_or_else(|e| e.into_inner());
+        let full = if subresource.is_empty() {
+            resource.to_owned()
+        } else {
+            format!("{resource}/{subresource}")
+        };
+        let pos = faults.iter().position(|f| {
+            (f.verb == "*" || f.verb == verb)
+                && (f.resource == "*" || f.resource == full || f.resource == resource)
+        })?;
+        let fault = &mut faults[pos];
+        fault.remaining = fault.remaining.saturating_sub(1);
+        let error = fault.error.clone();
+        if fault.remaining == 0 {
+            faults.remove(pos);
+        }
+        Some(error)
+    }
+
+    /// The store key for a type (its group and plural, shared by all versions).
+    pub fn type_key(rt: &ResourceType) -> TypeKey {
+        TypeKey::new(&rt.group, &rt.plural)
+    }
+}
+
+/// The axum router serving the whole API for `state`.
+pub fn router(state: Arc<ServerState>) -> axum::Router {
+    axum::Router::new().fallback(entry).with_state(state)
+}
+
+/// Which representation the client asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Repr {
+    /// The object itself.
+    Json,
+    /// `meta.k8s.io/v1` Table (kubectl get).
+    Table,
+    /// `PartialObjectMetadata` / `PartialObjectMetadataList` (metadata watchers).
+    Metadata,
+}
+
+/// Picks the representation from an Accept header, first acceptable media type wins.
+pub fn negotiate(accept: Option<&str>) -> Repr {
+    let Some(accept) = accept else {
+        return Repr::Json;
+    };
+    for media in accept.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let base = parts.next().unwrap_or_default();
+        let params: Vec<(&str, &str)> = parts.filter_map(|p| p.split_once('=')).collect();
+        let param = |k: &str| {
+            params
+                .iter()
+                .find(|(pk, _)| pk.eq_ignore_ascii_case(k))
+                .map(|(_, v)| *v)
+        };
+        if base != "application/json" && base != "*/*" && base != "application/*" {
+            continue;
+        }
+        match param("as") {
+            None => return Repr::Json,
+            Some("Table") if param("g") == Some("meta.k8s.io") => return Repr::Table,
+            Some("PartialObjectMetadata" | "PartialObjectMetadataList")
+                if param("g") == Some("meta.k8s.io") =>
+            {
+                return Repr::Metadata;
+            }
+            Some(_) => continue,
+        }
+    }
+    Repr::Json
+}
+
+/// A JSON response with a status code.
+pub fn json_response(code: StatusCode, body: &Value) -> Response {
+    let bytes = serde_json::to_vec(body).unwrap_or_default();
+    raw_json(code, bytes)
+}
+
+fn raw_json(code: StatusCode, bytes: Vec<u8>) -> Response {
+    let mut resp = Response::new(Body::from(bytes));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+fn text(code: StatusCode, body: &'static str) -> Response {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// A parsed resource URL.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ResourcePath {
+    /// API group (empty for core).
+    pub group: String,
+    /// API version.
+    pub version: String,
+    /// Namespace from the URL.
+    pub namespace: Option<String>,
+    /// Plural resource.
+    pub resource: String,
+    /// Object name.
+    pub name: Option<String>,
+    /// Subresource.
+    pub subresource: Option<String>,
+    /// The legacy `/watch/` path prefix was used.
+    pub watch_prefix: bool,
+}
+
+/// What a URL addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `/version`
+    Version,
+    /// `/healthz`, `/livez`, `/readyz` (and their `/...` checks)
+    Health,
+    /// `/api`
+    LegacyVersions,
+    /// `/apis`
+    GroupList,
+    /// `/apis/{group}`
+    Group(String),
+    /// `/api/v1` or `/apis/{group}/{version}`
+    ResourceList(String, String),
+    /// `/openapi/v3`
+    OpenApiRoot,
+    /// `/openapi/v3/{path}`
+    OpenApi(String),
+    /// A resource URL.
+    Resource(ResourcePath),
+    /// Anything else.
+    Unknown,
+}
+
+/// Parses a request path.
+pub fn parse_path(path: &str) -> Route {
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
+    match parts.as_slice() {
+        ["version"] => Route::Version,
+        [h, ..] if matches!(*h, "healthz" | "livez" | "readyz") => Route::Health,
+        ["api"] => Route::LegacyVersions,
+        ["apis"] => Route::GroupList,
+        ["apis", g] => Route::Group((*g).to_owned()),
+        ["api", v] => Route::ResourceList(String::new(), (*v).to_owned()),
+        ["apis", g, v] => Route::ResourceList((*g).to_owned(), (*v).to_owned()),
+        ["openapi", "v3"] => Route::OpenApiRoot,
+        ["openapi", "v3", rest @ ..] => Route::OpenApi(rest.join("/")),
+        ["api", v, rest @ ..] => resource_route("", v, rest),
+        ["apis", g, v, rest @ ..] => resource_route(g, v, rest),
+        _ => Route::Unknown,
+    }
+}
+
+fn resource_route(group: &str, version: &str, rest: &[&str]) -> Route {
+    let mut rp = ResourcePath {
+        group: group.to_owned(),
+        version: version.to_owned(),
+        ..Default::default()
+    };
+    let mut rest = rest;
+    if rest.first() == Some(&"watch") && rest.len() >= 2 {
+        rp.watch_prefix = true;
+        rest = &rest[1..];
+    }
+    let s = |x: &&str| (*x).to_owned();
+    match rest {
+        ["namespaces", ns, sub] if matches!(*sub, "status" | "finalize") => {
+            rp.resource = "namespaces".into();
+            rp.name = Some(s(ns));
+            rp.subresource = Some(s(sub));
+        }
+        ["namespaces", ns, res, tail @ ..] => {
+            rp.namespace = Some(s(ns));
+            rp.resource = s(res);
+            match tail {
+                [] => {}
+                [name] => rp.name = Some(s(name)),
+                [name, sub] => {
+                    rp.name = Some(s(name));
+                    rp.subresource = Some(s(sub));
+                }
+                _ => return Route::Unknown,
+            }
+        }
+        [res] => rp.resource = s(res),
+        [res, name] => {
+            rp.resource = s(res);
+            rp.name = Some(s(name));
+        }
+        [res, name, sub] => {
+            rp.resource = s(res);
+            rp.name = Some(s(name));
+            rp.subresource = Some(s(sub));
+        }
+        _ => return Route::Unknown,
+    }
+    Route::Resource(rp)
+}
+
+/// Paths served to everyone, like the `system:public-info-viewer` role allows.
+fn is_public(route: &Route) -> bool {
+    matches!(route, Route::Version | Route::Health)
+}
+
+async fn entry(State(state): State<Arc<ServerState>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let raw_query = req.uri().query().unwrap_or_default().to_owned();
+    let latency = *state.latency.lock().unwrap_or_else(|e| e.into_inner());
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
+    let route = parse_path(&path);
+    let identity = req.extensions().get::<ClientIdentity>().cloned();
+    let user = if is_public(&route) {
+        state
+            .authenticator
+            .authenticate(req.headers(), identity.as_ref())
+            .unwrap_or_else(|_| UserInfo::anonymous())
+    } else {
+        match state
+            .authenticator
+            .authenticate(req.headers(), identity.as_ref())
+        {
+            Ok(user) => user,
+            Err(e) => {
+                let resp = e.into_response();
+                state.record(RequestRecord {
+                    method: method.to_string(),
+                    path,
+                    query: raw_query,
+                    user: String::new(),
+                    verb: String::new(),
+                    code: resp.status().as_u16(),
+                });
+                return resp;
+            }
+        }
+    };
+    let attrs = RequestAttributes::from_request(user.clone(), &method, &path, &raw_query);
+    let resp = match authorize_and_serve(&state, req, route, &attrs, &raw_query).await {
+        Ok(resp) => resp,
+        Err(e) => e.into_response(),
+    };
+    tracing::debug!(%method, %path, code = resp.status().as_u16(), user = %user.username, "request");
+    state.record(RequestRecord {
+        method: method.to_string(),
+        path,
+        query: raw_query,
+        user: user.username,
+        verb: attrs.verb.clone(),
+        code: resp.status().as_u16(),
+    });
+    resp
+}
+
+async fn authorize_and_serve(
+    state: &Arc<ServerState>,
+    req: Request,
+    route: Route,
+    attrs: &RequestAttributes,
+    raw_query: &str,
+) -> Result<Response, ApiError> {
+    if state.config.rbac && !is_public(&route) {
+        let view = objects::rbac_view(state);
+        auth::authorize(&view, attrs)?;
+    } else if attrs.user.username == auth::ANONYMOUS_USER && !is_public(&route) {
+        // Without RBAC every authenticated user may do anything; anonymous users only reach
+        // the public endpoints.
+        return Err(ApiError::forbidden(auth::forbidden_message(attrs)));
+    }
+    if let Some(error) = state.take_fault(&attrs.verb, &attrs.resource, &attrs.subresource) {
+        return Err(error);
+    }
+    let query = Query::parse(raw_query);
+    let accept = req
+        .headers()
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    match route {
+        Route::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
+        Route::Health => Ok(text(StatusCode::OK, "ok")),
+        Route::LegacyVersions | Route::GroupList => {
+            let legacy = route == Route::LegacyVersions;
+            let aggregated = accept.as_deref().is_some_and(wants_aggregated);
+            let registry = state.registry();
+            if aggregated {
+                let mut resp =
+                    json_response(StatusCode::OK, &discovery::aggregated(&registry, legacy));
+                resp.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static(
+                        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+                    ),
+                );
+                return Ok(resp);
+            }
+            let body = if legacy {
+                discovery::legacy_api_versions()
+            } else {
+                discovery::api_group_list(&registry)
+            };
+            Ok(json_response(StatusCode::OK, &body))
+        }
+        Route::Group(group) => discovery::api_group(&state.registry(), &group)
+            .map(|v| json_response(StatusCode::OK, &v))
+            .ok_or_else(ApiError::no_such_resource),
+        Route::ResourceList(group, version) => {
+            discovery::api_resource_list(&state.registry(), &group, &version)
+                .map(|v| json_response(StatusCode::OK, &v))
+                .ok_or_else(ApiError::no_such_resource)
+        }
+        Route::OpenApiRoot => Ok(json_response(
+            StatusCode::OK,
+            &discovery::openapi_v3_root(&state.registry()),
+        )),
+        Route::OpenApi(rest) => discovery::openapi_v3_group_version(&state.registry(), &rest)
+            .map(|v| json_response(StatusCode::OK, &v))
+            .ok_or_else(ApiError::no_such_resource),
+        Route::Resource(rp) => {
+            let repr = negotiate(accept.as_deref());
+            objects::serve(state, req, rp, query, repr, attrs).await
+        }
+        Route::Unknown => Err(ApiError::no_such_resource()),
+    }
+}
+
+/// Whether the Accept header offers aggregated discovery v2 (kubectl and kube-rs list it first).
+fn wants_aggregated(accept: &str) -> bool {
+    accept.split(',').any(|media| {
+        let params: Vec<&str> = media.split(';').map(str::trim).collect();
+        params.contains(&"as=APIGroupDiscoveryList")
+            && params.contains(&"g=apidiscovery.k8s.io")
+            && params.contains(&"v=v2")
+    })
+}
+
+/// Reads a request body up to the limit: 413 beyond it.
+async fn read_body(state: &ServerState, body: Body) -> Result<Bytes, ApiError> {
+    axum::body::to_bytes(body, state.config.body_limit)
+        .await
+        .map_err(|_| ApiError::too_large(state.config.body_limit))
+}
+
+/// Decodes a JSON or YAML request body according to its Content-Type.
+pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = content_type
+        .unwrap_or("application/json")
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    match ct {
+        "application/vnd.kubernetes.protobuf" => Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (protobuf request bodies are not supported by this server: kubectl 1.32+ sends them for imperative `kubectl create <kind>` commands; use `kubectl create -f FILE` or `kubectl apply -f FILE` instead)",
+        )),
+        "application/yaml" | "application/apply-patch+yaml" | "text/yaml" => {
+            serde_yaml::from_slice::<Value>(body)
+                .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))
+        }
+        _ => serde_json::from_slice::<Value>(body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        }),
+    }
+}
+
+/// Methods are checked per route; this answers the rest.
+fn method_not_allowed(method: &Method, rt: &ResourceType) -> ApiError {
+    ApiError::method_not_supported(method.as_str(), &rt.group, &rt.plural)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_resource_urls() {
+        let r = parse_path("/api/v1/namespaces/default/pods/p/status");
+        let Route::Resource(rp) = r else {
+            panic!("resource")
+        };
+        assert_eq!(
+            (
+                rp.group.as_str(),
+                rp.namespace.as_deref(),
+                rp.resource.as_str(),
+                rp.name.as_deref(),
+                rp.subresource.as_deref()
+            ),
+            ("", Some("default"), "pods", Some("p"), Some("status"))
+        );
+        let Route::Resource(ns) = parse_path("/api/v1/namespaces/x/finalize") else {
+            panic!("ns")
+        };
+        assert_eq!(
+            (
+                ns.resource.as_str(),
+                ns.name.as_deref(),
+                ns.subresource.as_deref()
+            ),
+            ("namespaces", Some("x"), Some("finalize"))
+        );
+        let Route::Resource(w) = parse_path("/apis/apps/v1/watch/namespaces/d/deployments") else {
+            panic!("w")
+        };
+        assert!(w.watch_prefix);
+        assert_eq!(w.resource, "deployments");
+        assert_eq!(parse_path("/apis/apps"), Route::Group("apps".into()));
+        assert_eq!(parse_path("/nope"), Route::Unknown);
+    }
+
+    #[test]
+    fn negotiates_table_and_metadata() {
+        assert_eq!(
+            negotiate(Some(
+                "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"
+            )),
+            Repr::Table
+        );
+        assert_eq!(
+            negotiate(Some(
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+            )),
+            Repr::Metadata
+        );
+        assert_eq!(
+            negotiate(Some("application/vnd.kubernetes.protobuf,application/json")),
+            Repr::Json
+        );
+        assert_eq!(negotiate(None), Repr::Json);
+    }
+
+    #[test]
+    fn protobuf_bodies_are_refused_with_advice() {
+        let err =
+            decode_body(Some("application/vnd.kubernetes.protobuf"), b"k8s\0").expect_err("415");
+        assert_eq!(err.code, 415);
+        assert!(err.message.contains("kubectl create -f"));
+    }
+}

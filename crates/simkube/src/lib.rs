@@ -4,7 +4,12 @@
 //! `Service`) or over HTTP/HTTPS. Several servers side by side are several clusters. What it does
 //! and deliberately does not do is listed in `FIDELITY.md` at the repository root.
 
+// `ApiError` is a whole Status (several strings). It is returned at most once per request, never
+// in a hot loop, so boxing it would only add noise at every call site.
+#![allow(clippy::result_large_err)]
+
 pub mod auth;
+pub mod cluster;
 pub mod controllers;
 pub mod crd;
 pub mod discovery;
@@ -20,5 +25,6 @@ pub mod table;
 pub mod tls;
 pub mod watch;
 
+pub use cluster::{Cluster, ClusterBuilder, Error};
 pub use error::ApiError;
 pub use registry::{Gvr, Registry, ResourceType};

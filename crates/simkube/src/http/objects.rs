@@ -1,0 +1,1547 @@
+//! Object handlers: get, list, create, update, patch, delete, deletecollection, and the
+//! subresources (status, binding, eviction, token, approval, finalize, scale), each running the
+//! write pipeline under one store transaction so checks and the write are atomic.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::extract::Request;
+use axum::response::Response;
+use base64::Engine as _;
+use http::{Method, StatusCode, header};
+use serde_json::{Map, Value, json};
+
+use super::{
+    Query, Repr, ResourcePath, ServerState, decode_body, json_response, method_not_allowed,
+    raw_json, read_body,
+};
+use crate::auth::{self, RequestAttributes};
+use crate::error::{ApiError, Cause, qualified};
+use crate::registry::{Origin, ResourceType};
+use crate::selectors::{FieldSelector, LabelSelector};
+use crate::store::{ObjKey, Page, Txn, TypeKey, obj_key};
+use crate::strategy;
+
+use super::shim::{crd, patch};
+use crate::table;
+
+/// The `foregroundDeletion` finalizer the GC controller honours.
+pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// The `orphan` finalizer the GC controller honours.
+pub(crate) const ORPHAN_FINALIZER: &str = "orphan";
+
+fn key(rt: &ResourceType) -> TypeKey {
+    ServerState::type_key(rt)
+}
+
+fn ns_key() -> TypeKey {
+    TypeKey::new("", "namespaces")
+}
+
+/// The RBAC objects as the authorizer sees them right now.
+pub(super) fn rbac_view(state: &ServerState) -> auth::RbacView {
+    let g = auth::RBAC_GROUP;
+    let list = |plural: &str| -> Vec<Value> {
+        state
+            .store
+            .transact(|t| t.list(&TypeKey::new(g, plural), None))
+            .iter()
+            .map(|o| (**o).clone())
+            .collect()
+    };
+    auth::RbacView::new(
+        list("roles"),
+        list("clusterroles"),
+        list("rolebindings"),
+        list("clusterrolebindings"),
+    )
+}
+
+/// Everything a handler needs about one request.
+struct Ctx<'a> {
+    state: &'a Arc<ServerState>,
+    rt: Arc<ResourceType>,
+    rp: ResourcePath,
+    query: Query,
+    repr: Repr,
+    #[allow(dead_code)]
+    attrs: &'a RequestAttributes,
+}
+
+impl Ctx<'_> {
+    fn ns(&self) -> &str {
+        self.rp.namespace.as_deref().unwrap_or_default()
+    }
+
+    fn name(&self) -> &str {
+        self.rp.name.as_deref().unwrap_or_default()
+    }
+
+    fn dry_run(&self) -> Result<bool, ApiError> {
+        let values = self.query.all("dryRun");
+        for v in &values {
+            if *v != "All" {
+                return Err(ApiError::bad_request(format!(
+                    "invalid dry run option: {v:?}: supported values are \"All\""
+                )));
+            }
+        }
+        Ok(!values.is_empty())
+    }
+
+    fn not_found(&self) -> ApiError {
+        ApiError::not_found(&self.rt.group, &self.rt.plural, self.name())
+    }
+
+    fn conflict(&self, name: &str, why: &str) -> ApiError {
+        ApiError::conflict(&self.rt.group, &self.rt.plural, name, why)
+    }
+}
+
+pub(super) async fn serve(
+    state: &Arc<ServerState>,
+    req: Request,
+    rp: ResourcePath,
+    query: Query,
+    repr: Repr,
+    attrs: &RequestAttributes,
+) -> Result<Response, ApiError> {
+    let registry = state.registry();
+    let rt = registry
+        .lookup(&rp.group, &rp.version, &rp.resource)
+        .ok_or_else(ApiError::no_such_resource)?;
+    if rt.namespaced && rp.namespace.is_none() && rp.name.is_some() {
+        return Err(ApiError::no_such_resource());
+    }
+    if !rt.namespaced && rp.namespace.is_some() {
+        return Err(ApiError::no_such_resource());
+    }
+    if let Some(sub) = &rp.subresource
+        && !rt.subresources.iter().any(|s| s == sub)
+    {
+        return Err(ApiError::no_such_resource());
+    }
+    let ctx = Ctx {
+        state,
+        rt,
+        rp,
+        query,
+        repr,
+        attrs,
+    };
+    let method = req.method().clone();
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let sub = ctx.rp.subresource.clone();
+    let watch = ctx.rp.watch_prefix || ctx.query.flag("watch")?;
+    match (&method, ctx.rp.name.is_some(), sub.as_deref()) {
+        (&Method::GET, false, None) if watch => crate::watch::serve(
+            state,
+            &ctx.rt,
+            ctx.rp.namespace.as_deref(),
+            &ctx.query,
+            repr,
+        ),
+        (&Method::GET, false, None) => list(&ctx),
+        (&Method::POST, false, None) => {
+            if ctx.rt.namespaced && ctx.rp.namespace.is_none() {
+                return Err(method_not_allowed(&method, &ctx.rt));
+            }
+            let body = read_body(state, req.into_body()).await?;
+            create(&ctx, content_type.as_deref(), &body)
+        }
+        (&Method::DELETE, false, None) => {
+            let body = read_body(state, req.into_body()).await?;
+            delete_collection(&ctx, &body)
+        }
+        (&Method::GET, true, None | Some("status")) => get(&ctx),
+        (&Method::PUT, true, None | Some("status")) => {
+            let body = read_body(state, req.into_body()).await?;
+            let obj = decode_body(content_type.as_deref(), &body)?;
+            update(&ctx, obj, sub.as_deref())
+        }
+        (&Method::PATCH, true, None | Some("status")) => {
+            let body = read_body(state, req.into_body()).await?;
+            patch(&ctx, content_type.as_deref(), &body, sub.as_deref())
+        }
+        (&Method::DELETE, true, None) => {
+            let body = read_body(state, req.into_body()).await?;
+            let opts = delete_options(&ctx, &body)?;
+            delete(&ctx, &opts)
+        }
+        (&Method::POST, true, Some("binding")) => {
+            let body = read_body(state, req.into_body()).await?;
+            binding(&ctx, &decode_body(content_type.as_deref(), &body)?)
+        }
+        (&Method::POST, true, Some("eviction")) => {
+            let body = read_body(state, req.into_body()).await?;
+            eviction(&ctx, &decode_body(content_type.as_deref(), &body)?)
+        }
+        (&Method::POST, true, Some("token")) => {
+            let body = read_body(state, req.into_body()).await?;
+            token(&ctx, &decode_body(content_type.as_deref(), &body)?)
+        }
+        (&Method::GET, true, Some("approval" | "finalize")) => get(&ctx),
+        (&Method::PUT, true, Some(s @ ("approval" | "finalize"))) => {
+            let body = read_body(state, req.into_body()).await?;
+            let obj = decode_body(content_type.as_deref(), &body)?;
+            update(&ctx, obj, Some(s))
+        }
+        (&Method::PATCH, true, Some("approval")) => {
+            let body = read_body(state, req.into_body()).await?;
+            patch(&ctx, content_type.as_deref(), &body, Some("approval"))
+        }
+        (&Method::GET, true, Some("scale")) => scale_get(&ctx),
+        (&Method::PUT | &Method::PATCH, true, Some("scale")) => {
+            let body = read_body(state, req.into_body()).await?;
+            scale_write(&ctx, &method, content_type.as_deref(), &body)
+        }
+        (_, true, Some("log" | "exec" | "attach" | "portforward")) => {
+            let proxy = state
+                .pod_proxy
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            match proxy {
+                Some(proxy) => Ok(proxy(
+                    state.clone(),
+                    req,
+                    ctx.ns().to_owned(),
+                    ctx.name().to_owned(),
+                    sub.unwrap_or_default(),
+                )
+                .await),
+                None => Err(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    format!(
+                        "pods/{} is not available: no kubelet endpoint is connected to this simulated cluster",
+                        sub.unwrap_or_default()
+                    ),
+                )),
+            }
+        }
+        _ => Err(method_not_allowed(&method, &ctx.rt)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Representation
+
+/// The object as served at the requested version (CRDs with several versions share storage).
+fn at_version(rt: &ResourceType, obj: &Value) -> Option<Value> {
+    let want = rt.api_version();
+    (obj["apiVersion"].as_str() != Some(want.as_str())).then(|| {
+        let mut o = obj.clone();
+        o["apiVersion"] = json!(want);
+        o
+    })
+}
+
+fn partial_metadata(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
+}
+
+fn include_object(query: &Query) -> table::IncludeObject {
+    match query.get("includeObject") {
+        Some("None") => table::IncludeObject::None,
+        Some("Object") => table::IncludeObject::Object,
+        _ => table::IncludeObject::Metadata,
+    }
+}
+
+/// One object in the negotiated representation.
+fn render(ctx: &Ctx<'_>, code: StatusCode, obj: &Value) -> Response {
+    match ctx.repr {
+        Repr::Json => match at_version(&ctx.rt, obj) {
+            Some(o) => json_response(code, &o),
+            None => json_response(code, obj),
+        },
+        Repr::Metadata => json_response(code, &partial_metadata(obj)),
+        Repr::Table => {
+            let o = at_version(&ctx.rt, obj).unwrap_or_else(|| obj.clone());
+            let meta = json!({"resourceVersion": obj["metadata"]["resourceVersion"]});
+            let table = table::to_table(&ctx.rt, &[o], include_object(&ctx.query), meta);
+            json_response(code, &table)
+        }
+    }
+}
+
+fn success_status(rt: &ResourceType, obj: &Value) -> Value {
+    let mut details =
+        json!({"name": obj["metadata"]["name"], "kind": rt.plural, "uid": obj["metadata"]["uid"]});
+    if !rt.group.is_empty() {
+        details["group"] = json!(rt.group);
+    }
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details})
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+fn get(ctx: &Ctx<'_>) -> Result<Response, ApiError> {
+    let obj = ctx
+        .state
+        .store
+        .get(&key(&ctx.rt), ctx.ns(), ctx.name())
+        .ok_or_else(|| ctx.not_found())?;
+    Ok(render(ctx, StatusCode::OK, &obj))
+}
+
+/// Parsed label and field selectors of a list or watch.
+pub(crate) struct Selectors {
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
+}
+
+impl Selectors {
+    /// Reads `labelSelector` and `fieldSelector` (400 on a syntax error or unsupported field).
+    pub(crate) fn parse(query: &Query, rt: &ResourceType) -> Result<Self, ApiError> {
+        let labels = match query.get("labelSelector") {
+            Some(s) if !s.trim().is_empty() => Some(LabelSelector::parse(s)?),
+            _ => None,
+        };
+        let fields = match query.get("fieldSelector") {
+            Some(s) if !s.trim().is_empty() => Some(FieldSelector::parse(s, rt)?),
+            _ => None,
+        };
+        Ok(Self { labels, fields })
+    }
+
+    /// Whether an object passes both selectors.
+    pub(crate) fn matches(&self, obj: &Value) -> bool {
+        static EMPTY: std::sync::OnceLock<Map<String, Value>> = std::sync::OnceLock::new();
+        if let Some(l) = &self.labels {
+            let labels = obj["metadata"]["labels"]
+                .as_object()
+                .unwrap_or_else(|| EMPTY.get_or_init(Map::new));
+            if !l.matches(labels) {
+                return false;
+            }
+        }
+        self.fields.as_ref().is_none_or(|f| f.matches(obj))
+    }
+}
+
+const CONTINUE_EXPIRED: &str = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list.";
+
+fn encode_continue(rv: u64, after: &ObjKey) -> String {
+    let start = format!("{}/{}", after.0, after.1);
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": format!("{start}\u{0}")});
+    base64::engine::general_purpose::URL_SAFE.encode(token.to_string())
+}
+
+fn decode_continue(token: &str) -> Result<(u64, ObjKey), ApiError> {
+    let bad = || {
+        ApiError::bad_request(
+            "continue key is not valid: incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        )
+    };
+    let raw = base64::engine::general_purpose::URL_SAFE
+        .decode(token)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(token))
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v["rv"].as_u64().ok_or_else(bad)?;
+    let start = v["start"]
+        .as_str()
+        .ok_or_else(bad)?
+        .trim_end_matches('\u{0}');
+    let (ns, name) = start.split_once('/').ok_or_else(bad)?;
+    Ok((rv, (ns.to_owned(), name.to_owned())))
+}
+
+/// The RV a list reads at: `None` = now.
+fn list_rv(ctx: &Ctx<'_>, limit: usize) -> Result<Option<u64>, ApiError> {
+    let rv = match ctx.query.get("resourceVersion") {
+        None | Some("") => None,
+        Some(s) => Some(s.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!("invalid resource version: {s}")).with_causes(&[Cause {
+                reason: "FieldValueInvalid".into(),
+                message: format!("Invalid value: {s:?}: resourceVersion must be a number"),
+                field: "resourceVersion".into(),
+            }])
+        })?),
+    };
+    let current = ctx.state.store.current_rv();
+    match (ctx.query.get("resourceVersionMatch"), rv) {
+        (Some(m), None) if !m.is_empty() => Err(invalid_list_option(
+            "resourceVersionMatch",
+            m,
+            "resourceVersionMatch is forbidden unless resourceVersion is provided",
+        )),
+        (Some("Exact"), Some(0)) => Err(invalid_list_option(
+            "resourceVersionMatch",
+            "Exact",
+            "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"",
+        )),
+        (Some("Exact"), Some(n)) => {
+            if n > current {
+                return Err(too_large(n, current));
+            }
+            Ok(Some(n))
+        }
+        (Some("NotOlderThan") | None, Some(n)) => {
+            if n > current {
+                return Err(too_large(n, current));
+            }
+            // A legacy `resourceVersion=N` with `limit` reads exactly at N, as the real server.
+            if ctx.query.get("resourceVersionMatch").is_none() && n > 0 && limit > 0 {
+                Ok(Some(n))
+            } else {
+                Ok(None)
+            }
+        }
+        (Some(""), _) | (None, None) => Ok(None),
+        (Some(other), _) => Err(invalid_list_option(
+            "resourceVersionMatch",
+            other,
+            "supported values: \"Exact\", \"NotOlderThan\"",
+        )),
+    }
+}
+
+fn invalid_list_option(field: &str, value: &str, detail: &str) -> ApiError {
+    ApiError::invalid(
+        "meta.k8s.io",
+        "ListOptions",
+        "",
+        &[Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {value:?}: {detail}"),
+            field: field.into(),
+        }],
+    )
+}
+
+fn too_large(n: u64, current: u64) -> ApiError {
+    let mut e = ApiError::new(
+        504,
+        "Timeout",
+        format!("Too large resource version: {n}, current: {current}"),
+    );
+    e.details = Some(
+        json!({"causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}], "retryAfterSeconds": 1}),
+    );
+    e
+}
+
+fn list(ctx: &Ctx<'_>) -> Result<Response, ApiError> {
+    let selectors = Selectors::parse(&ctx.query, &ctx.rt)?;
+    let limit = ctx.query.int("limit")?.unwrap_or(0).max(0) as usize;
+    let (at, after) = match ctx.query.get("continue") {
+        Some(token) if !token.is_empty() => {
+            let (rv, after) = decode_continue(token)?;
+            (Some(rv), Some(after))
+        }
+        _ => (list_rv(ctx, limit)?, None),
+    };
+    let filter = |o: &Value| selectors.matches(o);
+    let page: Page = ctx
+        .state
+        .store
+        .list(
+            &key(&ctx.rt),
+            ctx.rp.namespace.as_deref(),
+            at,
+            after.as_ref(),
+            limit,
+            &filter,
+        )
+        .map_err(|e| {
+            if after.is_some() {
+                ApiError::gone(CONTINUE_EXPIRED)
+            } else {
+                ApiError::gone(format!(
+                    "too old resource version: {} ({})",
+                    e.requested, e.oldest
+                ))
+            }
+        })?;
+    let mut meta = Map::new();
+    meta.insert("resourceVersion".into(), json!(page.rv.to_string()));
+    if let Some(after) = &page.more_after {
+        meta.insert("continue".into(), json!(encode_continue(page.rv, after)));
+    }
+    if let Some(n) = page.remaining {
+        meta.insert("remainingItemCount".into(), json!(n));
+    }
+    let meta = Value::Object(meta);
+    match ctx.repr {
+        Repr::Table => {
+            let items: Vec<Value> = page
+                .items
+                .iter()
+                .map(|o| at_version(&ctx.rt, o).unwrap_or_else(|| (**o).clone()))
+                .collect();
+            let table = table::to_table(&ctx.rt, &items, include_object(&ctx.query), meta);
+            Ok(json_response(StatusCode::OK, &table))
+        }
+        Repr::Metadata => {
+            let items: Vec<Value> = page.items.iter().map(|o| partial_metadata(o)).collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+            ))
+        }
+        Repr::Json => {
+            // Serialized piecewise so the shared objects are never deep-copied.
+            let mut out = Vec::with_capacity(256 + page.items.len() * 512);
+            out.extend_from_slice(b"{\"kind\":");
+            serde_json::to_writer(&mut out, &ctx.rt.list_kind).map_err(internal)?;
+            out.extend_from_slice(b",\"apiVersion\":");
+            serde_json::to_writer(&mut out, &ctx.rt.api_version()).map_err(internal)?;
+            out.extend_from_slice(b",\"metadata\":");
+            serde_json::to_writer(&mut out, &meta).map_err(internal)?;
+            out.extend_from_slice(b",\"items\":[");
+            for (i, o) in page.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                match at_version(&ctx.rt, o) {
+                    Some(v) => serde_json::to_writer(&mut out, &v),
+                    None => serde_json::to_writer(&mut out, &**o),
+                }
+                .map_err(internal)?;
+            }
+            out.extend_from_slice(b"]}");
+            Ok(raw_json(StatusCode::OK, out))
+        }
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(e.to_string())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writes
+
+/// Checks kind/apiVersion of a body against the URL's type, filling them in when absent.
+fn check_type_meta(
+    rt: &ResourceType,
+    obj: &mut Value,
+    allow_missing: bool,
+) -> Result<(), ApiError> {
+    if !obj.is_object() {
+        return Err(ApiError::bad_request(
+            "the body of the request must be a JSON object",
+        ));
+    }
+    let want_av = rt.api_version();
+    match obj["kind"].as_str() {
+        Some(k) if k == rt.kind => {}
+        Some("") | None if allow_missing => obj["kind"] = json!(rt.kind),
+        Some("") | None => {
+            return Err(ApiError::bad_request(format!(
+                "Object 'Kind' is missing in '{}'",
+                compact(obj)
+            )));
+        }
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): {other} in version {:?}",
+                rt.kind,
+                obj["apiVersion"].as_str().unwrap_or_default()
+            )));
+        }
+    }
+    match obj["apiVersion"].as_str() {
+        Some(av) if av == want_av => {}
+        Some("") | None => obj["apiVersion"] = json!(want_av),
+        Some(av) => {
+            // Another served version of the same type converts by rewriting apiVersion.
+            let same_group = av.rsplit_once('/').map_or("", |(g, _)| g) == rt.group;
+            if !same_group || !matches!(rt.origin, Origin::Crd { .. }) {
+                return Err(ApiError::bad_request(format!(
+                    "the API version in the data ({av}) does not match the expected API version ({want_av})"
+                )));
+            }
+            obj["apiVersion"] = json!(want_av);
+        }
+    }
+    Ok(())
+}
+
+fn compact(v: &Value) -> String {
+    let s = v.to_string();
+    if s.len() > 200 {
+        format!("{}...", &s[..200])
+    } else {
+        s
+    }
+}
+
+/// Fills the namespace from the URL, rejecting a different one in the body.
+fn check_namespace(ctx: &Ctx<'_>, obj: &mut Value) -> Result<(), ApiError> {
+    let meta = obj.as_object_mut().and_then(|m| {
+        m.entry("metadata").or_insert_with(|| json!({}));
+        m.get_mut("metadata").and_then(Value::as_object_mut)
+    });
+    let Some(meta) = meta else {
+        return Err(ApiError::bad_request("metadata must be an object"));
+    };
+    if ctx.rt.namespaced {
+        let url_ns = ctx.ns();
+        match meta.get("namespace").and_then(Value::as_str) {
+            Some(ns) if !ns.is_empty() && ns != url_ns => {
+                return Err(ApiError::bad_request(
+                    "the namespace of the provided object does not match the namespace sent on the request",
+                ));
+            }
+            _ => {
+                meta.insert("namespace".into(), json!(url_ns));
+            }
+        }
+    } else {
+        meta.remove("namespace");
+    }
+    Ok(())
+}
+
+fn check_name(ctx: &Ctx<'_>, obj: &Value) -> Result<(), ApiError> {
+    let body_name = obj["metadata"]["name"].as_str().unwrap_or_default();
+    if body_name != ctx.name() {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({body_name}) does not match the name on the URL ({})",
+            ctx.name()
+        )));
+    }
+    Ok(())
+}
+
+/// NamespaceLifecycle admission: the namespace must exist and not be terminating.
+fn namespace_admission(
+    txn: &Txn<'_>,
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+) -> Result<(), ApiError> {
+    if !rt.namespaced {
+        return Ok(());
+    }
+    let Some(nsobj) = txn.get(&ns_key(), "", ns) else {
+        return Err(ApiError::not_found("", "namespaces", ns));
+    };
+    if nsobj["metadata"]
+        .get("deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+        || nsobj["status"]["phase"].as_str() == Some("Terminating")
+    {
+        let what = qualified(&rt.group, &rt.plural);
+        return Err(ApiError::forbidden(format!(
+            "{what} \"{name}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated"
+        ))
+        .with_details(&rt.group, &rt.plural, name)
+        .with_causes(&[Cause {
+            reason: "NamespaceTerminating".into(),
+            message: format!("namespace {ns} is being terminated"),
+            field: "metadata.namespace".into(),
+        }]));
+    }
+    Ok(())
+}
+
+/// Type-specific admission on create that needs the store (allocations, CRDs, CRs).
+fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), ApiError> {
+    let rt = &ctx.rt;
+    match (rt.group.as_str(), rt.plural.as_str()) {
+        ("", "services") => {
+            let services = txn.list(&TypeKey::new("", "services"), None);
+            let mut ips = HashSet::new();
+            let mut ports = HashSet::new();
+            for s in &services {
+                if let Some(ip) = s["spec"]["clusterIP"].as_str() {
+                    ips.insert(ip.to_owned());
+                }
+                for p in s["spec"]["ports"].as_array().into_iter().flatten() {
+                    if let Some(n) = p["nodePort"].as_i64() {
+                        ports.insert(n);
+                    }
+                }
+            }
+            ips.insert("10.96.0.1".to_owned());
+            strategy::allocate_service(obj, &ips, &ports);
+        }
+        ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            crd::validate_crd(obj)?;
+            crd::accept(obj);
+        }
+        _ => {}
+    }
+    if matches!(rt.origin, Origin::Crd { .. }) {
+        crd::prune_default_validate(rt, obj)?;
+    }
+    Ok(())
+}
+
+fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiError> {
+    let rt = &ctx.rt;
+    if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
+        crd::validate_crd(new)?;
+        if old["spec"]["scope"] != new["spec"]["scope"] {
+            return Err(ApiError::invalid(
+                &rt.group,
+                &rt.kind,
+                new["metadata"]["name"].as_str().unwrap_or_default(),
+                &[Cause {
+                    reason: "FieldValueInvalid".into(),
+                    message: format!(
+                        "Invalid value: {}: field is immutable",
+                        new["spec"]["scope"]
+                    ),
+                    field: "spec.scope".into(),
+                }],
+            ));
+        }
+        crd::accept(new);
+    }
+    if matches!(rt.origin, Origin::Crd { .. }) {
+        crd::prune_default_validate(rt, new)?;
+    }
+    Ok(())
+}
+
+/// After a CRD write: make the registry serve exactly the CRD's current types.
+fn sync_crd(state: &ServerState, crd: Option<&Value>, name: &str) {
+    let types = match crd {
+        Some(c)
+            if c["metadata"]
+                .get("deletionTimestamp")
+                .is_none_or(Value::is_null) =>
+        {
+            crd::types_from_crd(c).unwrap_or_default()
+        }
+        _ => Vec::new(),
+    };
+    let mut registry = state.registry.write().unwrap_or_else(|e| e.into_inner());
+    let next = registry.with_crd_types(name, types);
+    *registry = Arc::new(next);
+}
+
+fn is_crd(rt: &ResourceType) -> bool {
+    rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions"
+}
+
+fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
+    let mut obj = decode_body(content_type, body)?;
+    check_type_meta(&ctx.rt, &mut obj, false)?;
+    check_namespace(ctx, &mut obj)?;
+    let dry_run = ctx.dry_run()?;
+    let rt = ctx.rt.clone();
+    let k = key(&rt);
+    let stored = ctx
+        .state
+        .store
+        .transact(|txn| -> Result<Arc<Value>, ApiError> {
+            let generate = obj["metadata"]["name"].as_str().is_none_or(str::is_empty);
+            let mut attempt = 0;
+            loop {
+                let mut candidate = obj.clone();
+                strategy::prepare_create(&rt, &mut candidate)?;
+                let (ns, name) = obj_key(&candidate);
+                namespace_admission(txn, &rt, &ns, &name)?;
+                admit_create(ctx, txn, &mut candidate)?;
+                if txn.get(&k, &ns, &name).is_some() {
+                    attempt += 1;
+                    if generate && attempt < 8 {
+                        continue;
+                    }
+                    return Err(ApiError::already_exists(&rt.group, &rt.plural, &name));
+                }
+                if dry_run {
+                    return Ok(Arc::new(candidate));
+                }
+                return Ok(txn.put(&k, candidate));
+            }
+        })?;
+    if is_crd(&rt) && !dry_run {
+        sync_crd(
+            ctx.state,
+            Some(&stored),
+            stored["metadata"]["name"].as_str().unwrap_or_default(),
+        );
+    }
+    Ok(render(ctx, StatusCode::CREATED, &stored))
+}
+
+/// Checks a client-sent resourceVersion against the stored one: 409 when stale.
+fn check_rv(ctx: &Ctx<'_>, old: &Value, new: &Value) -> Result<(), ApiError> {
+    match new["metadata"]["resourceVersion"].as_str() {
+        Some(rv) if !rv.is_empty() && rv != old["metadata"]["resourceVersion"].as_str().unwrap_or_default() => {
+            Err(ctx.conflict(
+                ctx.name(),
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Applies the strategy for an update of `old` into `new` (already patched or decoded) and
+/// writes it; removes the object when the write finished its deletion.
+fn write_update(
+    ctx: &Ctx<'_>,
+    txn: &mut Txn<'_>,
+    old: &Arc<Value>,
+    mut new: Value,
+    sub: Option<&str>,
+    dry_run: bool,
+) -> Result<Arc<Value>, ApiError> {
+    check_rv(ctx, old, &new)?;
+    let rt = &ctx.rt;
+    match sub {
+        Some("approval") => {
+            let conditions = new["status"]["conditions"].clone();
+            new = (**old).clone();
+            new["status"]["conditions"] = conditions;
+            strategy::normalize(&mut new);
+            validate_csr_conditions(rt, &new)?;
+        }
+        Some("finalize") => {
+            let finalizers = new["spec"]["finalizers"].clone();
+            new = (**old).clone();
+            if !new["spec"].is_object() {
+                new["spec"] = json!({});
+            }
+            new["spec"]["finalizers"] = if finalizers.is_null() {
+                json!([])
+            } else {
+                finalizers
+            };
+        }
+        Some("status") if rt.group == "certificates.k8s.io" => {
+            // Approval conditions change only through /approval.
+            let approvals: Vec<Value> = old["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| matches!(c["type"].as_str(), Some("Approved" | "Denied")))
+                .cloned()
+                .collect();
+            strategy::prepare_update(rt, old, &mut new, Some("status"))?;
+            let mut conditions: Vec<Value> = new["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| !matches!(c["type"].as_str(), Some("Approved" | "Denied")))
+                .cloned()
+                .collect();
+            conditions.splice(0..0, approvals);
+            if !conditions.is_empty() {
+                new["status"]["conditions"] = Value::Array(conditions);
+            }
+        }
+        _ => {
+            strategy::prepare_update(rt, old, &mut new, sub)?;
+            if sub.is_none() {
+                admit_update(ctx, old, &mut new)?;
+            }
+        }
+    }
+    if let Some(m) = new["metadata"].as_object_mut() {
+        m.insert(
+            "resourceVersion".into(),
+            old["metadata"]["resourceVersion"].clone(),
+        );
+    }
+    let k = key(rt);
+    if dry_run {
+        return Ok(Arc::new(new));
+    }
+    let finished = strategy::deletion_complete(&new)
+        && (!(rt.group.is_empty() && rt.plural == "namespaces")
+            || new["spec"]["finalizers"]
+                .as_array()
+                .is_none_or(Vec::is_empty));
+    if finished {
+        let (ns, name) = obj_key(&new);
+        txn.put(&k, new);
+        return txn.remove(&k, &ns, &name).ok_or_else(|| ctx.not_found());
+    }
+    Ok(txn.put(&k, new))
+}
+
+fn validate_csr_conditions(rt: &ResourceType, csr: &Value) -> Result<(), ApiError> {
+    let types: Vec<&str> = csr["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["type"].as_str())
+        .collect();
+    if types.contains(&"Approved") && types.contains(&"Denied") {
+        return Err(ApiError::invalid(
+            &rt.group,
+            &rt.kind,
+            csr["metadata"]["name"].as_str().unwrap_or_default(),
+            &[Cause {
+                reason: "FieldValueInvalid".into(),
+                message: "Invalid value: \"Denied\": Approved and Denied conditions are mutually exclusive".into(),
+                field: "status.conditions[1].type".into(),
+            }],
+        ));
+    }
+    Ok(())
+}
+
+fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, ApiError> {
+    let allow_missing_kind = matches!(sub, Some("approval" | "finalize"));
+    check_type_meta(&ctx.rt, &mut obj, allow_missing_kind)?;
+    check_namespace(ctx, &mut obj)?;
+    check_name(ctx, &obj)?;
+    let dry_run = ctx.dry_run()?;
+    let k = key(&ctx.rt);
+    let stored = ctx.state.store.transact(|txn| {
+        let old = txn
+            .get(&k, ctx.ns(), ctx.name())
+            .ok_or_else(|| ctx.not_found())?;
+        write_update(ctx, txn, &old, obj, sub, dry_run)
+    })?;
+    if is_crd(&ctx.rt) && !dry_run {
+        let current = ctx.state.store.get(&k, "", ctx.name());
+        sync_crd(ctx.state, current.as_deref(), ctx.name());
+    }
+    Ok(render(ctx, StatusCode::OK, &stored))
+}
+
+fn patch(
+    ctx: &Ctx<'_>,
+    content_type: Option<&str>,
+    body: &[u8],
+    sub: Option<&str>,
+) -> Result<Response, ApiError> {
+    let ct = content_type
+        .unwrap_or_default()
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let patch_doc = match ct.as_str() {
+        "application/merge-patch+json"
+        | "application/json-patch+json"
+        | "application/strategic-merge-patch+json" => serde_json::from_slice::<Value>(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?,
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+            serde_yaml::from_slice::<Value>(body)
+                .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?
+        }
+        _ => {
+            return Err(ApiError::unsupported_media_type(format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml{}",
+                if matches!(ctx.rt.origin, Origin::Builtin) {
+                    ", application/strategic-merge-patch+json"
+                } else {
+                    ""
+                }
+            )));
+        }
+    };
+    if ct == "application/strategic-merge-patch+json" && !matches!(ctx.rt.origin, Origin::Builtin) {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        ));
+    }
+    let apply = ct.starts_with("application/apply-patch");
+    let manager = ctx.query.get("fieldManager").unwrap_or_default().to_owned();
+    if apply && manager.is_empty() {
+        return Err(ApiError::bad_request(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    let force = ctx.query.flag("force")?;
+    if force && !apply {
+        return Err(ApiError::bad_request(
+            "force is only allowed for apply patches",
+        ));
+    }
+    let dry_run = ctx.dry_run()?;
+    let k = key(&ctx.rt);
+    let rt = ctx.rt.clone();
+    let (stored, created) =
+        ctx.state
+            .store
+            .transact(|txn| -> Result<(Arc<Value>, bool), ApiError> {
+                let old = txn.get(&k, ctx.ns(), ctx.name());
+                let Some(old) = old else {
+                    if !apply || sub.is_some() {
+                        return Err(ctx.not_found());
+                    }
+                    // Server-side apply creates a missing object.
+                    let mut applied = patch_doc.clone();
+                    check_type_meta(&rt, &mut applied, false)?;
+                    check_namespace(ctx, &mut applied)?;
+                    check_name(ctx, &applied)?;
+                    let now = strategy::now_rfc3339();
+                    let mut obj =
+                        patch::server_side_apply(None, &applied, &manager, force, &now, &rt)?;
+                    strategy::prepare_create(&rt, &mut obj)?;
+                    namespace_admission(txn, &rt, ctx.ns(), ctx.name())?;
+                    admit_create(ctx, txn, &mut obj)?;
+                    if dry_run {
+                        return Ok((Arc::new(obj), true));
+                    }
+                    return Ok((txn.put(&k, obj), true));
+                };
+                let mut target = (*old).clone();
+                if at_version(&rt, &target).is_some() {
+                    target["apiVersion"] = json!(rt.api_version());
+                }
+                let new = match ct.as_str() {
+                    "application/merge-patch+json" => {
+                        patch::merge_patch(&mut target, &patch_doc);
+                        target
+                    }
+                    "application/json-patch+json" => {
+                        patch::json_patch(&mut target, &patch_doc)?;
+                        target
+                    }
+                    "application/strategic-merge-patch+json" => patch::strategic_merge_patch(
+                        &target,
+                        &patch_doc,
+                        &rt.api_version(),
+                        &rt.kind,
+                    )?,
+                    _ => {
+                        let mut applied = patch_doc.clone();
+                        check_type_meta(&rt, &mut applied, false)?;
+                        check_name(ctx, &applied)?;
+                        let now = strategy::now_rfc3339();
+                        let mut scoped = applied;
+                        if sub == Some("status") {
+                            // An apply to /status only speaks for status.
+                            if let Some(m) = scoped.as_object_mut() {
+                                m.retain(|k, _| {
+                                    matches!(
+                                        k.as_str(),
+                                        "apiVersion" | "kind" | "metadata" | "status"
+                                    )
+                                });
+                            }
+                        }
+                        patch::server_side_apply(
+                            Some(&target),
+                            &scoped,
+                            &manager,
+                            force,
+                            &now,
+                            &rt,
+                        )?
+                    }
+                };
+                if !new.is_object() {
+                    return Err(ApiError::bad_request(
+                        "the patched object is not a JSON object",
+                    ));
+                }
+                let mut new = new;
+                // A changed name or namespace in a patch is an error, not a rename.
+                if new["metadata"]["name"] != old["metadata"]["name"]
+                    || new["metadata"]["namespace"] != old["metadata"]["namespace"]
+                {
+                    return Err(ApiError::bad_request(format!(
+                        "the name of the object ({}) does not match the name on the URL ({})",
+                        new["metadata"]["name"].as_str().unwrap_or_default(),
+                        ctx.name()
+                    )));
+                }
+                if new["metadata"]["resourceVersion"].is_null()
+                    && let Some(m) = new["metadata"].as_object_mut()
+                {
+                    m.remove("resourceVersion");
+                }
+                check_type_meta(&rt, &mut new, false)?;
+                let stored = write_update(ctx, txn, &old, new, sub, dry_run)?;
+                Ok((stored, false))
+            })?;
+    if is_crd(&ctx.rt) && !dry_run {
+        let current = ctx.state.store.get(&k, "", ctx.name());
+        sync_crd(ctx.state, current.as_deref(), ctx.name());
+    }
+    Ok(render(
+        ctx,
+        if created {
+            StatusCode::CREATED
+        } else {
+            StatusCode::OK
+        },
+        &stored,
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Deletion
+
+/// DeleteOptions from the body and the query.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct DeleteOptions {
+    grace: Option<i64>,
+    propagation: Option<String>,
+    uid: Option<String>,
+    rv: Option<String>,
+    dry_run: bool,
+}
+
+fn delete_options(ctx: &Ctx<'_>, body: &[u8]) -> Result<DeleteOptions, ApiError> {
+    let mut opts = DeleteOptions::default();
+    let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        json!({})
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    opts.grace = v["gracePeriodSeconds"].as_i64();
+    opts.propagation = v["propagationPolicy"].as_str().map(str::to_owned);
+    if v["orphanDependents"].as_bool() == Some(true) && opts.propagation.is_none() {
+        opts.propagation = Some("Orphan".into());
+    }
+    opts.uid = v["preconditions"]["uid"].as_str().map(str::to_owned);
+    opts.rv = v["preconditions"]["resourceVersion"]
+        .as_str()
+        .map(str::to_owned);
+    opts.dry_run = v["dryRun"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x == "All"))
+        || ctx.dry_run()?;
+    if let Some(g) = ctx.query.int("gracePeriodSeconds")? {
+        opts.grace = Some(g);
+    }
+    if let Some(p) = ctx.query.get("propagationPolicy") {
+        opts.propagation = Some(p.to_owned());
+    }
+    if let Some(p) = &opts.propagation
+        && !matches!(p.as_str(), "Foreground" | "Background" | "Orphan")
+    {
+        return Err(ApiError::invalid(
+            "meta.k8s.io",
+            "DeleteOptions",
+            "",
+            &[Cause {
+                reason: "FieldValueNotSupported".into(),
+                message: format!(
+                    "Unsupported value: {p:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                ),
+                field: "propagationPolicy".into(),
+            }],
+        ));
+    }
+    Ok(opts)
+}
+
+/// The outcome of deleting one object.
+enum Deleted {
+    /// Gone; its last state.
+    Gone(Arc<Value>),
+    /// Still there, marked for deletion (finalizers or grace period).
+    Marked(Arc<Value>),
+}
+
+fn delete_one(
+    ctx: &Ctx<'_>,
+    txn: &mut Txn<'_>,
+    rt: &ResourceType,
+    ns: &str,
+    name: &str,
+    opts: &DeleteOptions,
+) -> Result<Deleted, ApiError> {
+    let k = key(rt);
+    let old = txn
+        .get(&k, ns, name)
+        .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+    if let Some(uid) = &opts.uid
+        && old["metadata"]["uid"].as_str() != Some(uid)
+    {
+        return Err(ApiError::conflict(
+            &rt.group,
+            &rt.plural,
+            name,
+            &format!(
+                "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                old["metadata"]["uid"].as_str().unwrap_or_default()
+            ),
+        ));
+    }
+    if let Some(rv) = &opts.rv
+        && old["metadata"]["resourceVersion"].as_str() != Some(rv)
+    {
+        return Err(ApiError::conflict(
+            &rt.group,
+            &rt.plural,
+            name,
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in object meta: {}",
+                old["metadata"]["resourceVersion"]
+                    .as_str()
+                    .unwrap_or_default()
+            ),
+        ));
+    }
+    let mut new = (*old).clone();
+    let deleting = old["metadata"]
+        .get("deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
+    let is_pod = rt.group.is_empty() && rt.plural == "pods";
+    let is_ns = rt.group.is_empty() && rt.plural == "namespaces";
+    // Graceful deletion: pods bound to a node that has not finished them.
+    let mut grace = 0;
+    if is_pod {
+        let bound = old["spec"]["nodeName"]
+            .as_str()
+            .is_some_and(|n| !n.is_empty());
+        let terminal = matches!(
+            old["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        );
+        if bound && !terminal {
+            grace = opts.grace.unwrap_or_else(|| {
+                old["spec"]["terminationGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(30)
+            });
+            grace = grace.max(0);
+            if deleting {
+                let current = old["metadata"]["deletionGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(0);
+                grace = grace.min(current);
+            }
+        }
+    }
+    let mut finalizers: Vec<String> = old["metadata"]["finalizers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f.as_str().map(str::to_owned))
+        .collect();
+    if !deleting {
+        let add = match opts.propagation.as_deref() {
+            Some("Foreground") => Some(FOREGROUND_FINALIZER),
+            Some("Orphan") => Some(ORPHAN_FINALIZER),
+            _ => None,
+        };
+        if let Some(f) = add
+            && !finalizers.iter().any(|x| x == f)
+        {
+            finalizers.push(f.to_owned());
+        }
+    }
+    let ns_finalizers = is_ns
+        && new["spec"]["finalizers"]
+            .as_array()
+            .is_some_and(|a| !a.is_empty());
+    if finalizers.is_empty() && grace == 0 && !ns_finalizers {
+        if opts.dry_run {
+            return Ok(Deleted::Gone(old));
+        }
+        let last = txn
+            .remove(&k, ns, name)
+            .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        return Ok(Deleted::Gone(last));
+    }
+    if deleting
+        && !(is_pod
+            && grace
+                < old["metadata"]["deletionGracePeriodSeconds"]
+                    .as_i64()
+                    .unwrap_or(0))
+    {
+        // Already being deleted: nothing changes.
+        return Ok(Deleted::Marked(old));
+    }
+    let meta = new["metadata"]
+        .as_object_mut()
+        .expect("invariant: stored objects have metadata");
+    meta.insert(
+        "deletionTimestamp".into(),
+        json!(strategy::timestamp_after(grace)),
+    );
+    meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    if !finalizers.is_empty() {
+        meta.insert("finalizers".into(), json!(finalizers));
+    }
+    if is_ns {
+        new["status"]["phase"] = json!("Terminating");
+    }
+    if opts.dry_run {
+        return Ok(Deleted::Marked(Arc::new(new)));
+    }
+    let _ = ctx;
+    Ok(Deleted::Marked(txn.put(&k, new)))
+}
+
+fn delete(ctx: &Ctx<'_>, opts: &DeleteOptions) -> Result<Response, ApiError> {
+    let rt = ctx.rt.clone();
+    let outcome = ctx
+        .state
+        .store
+        .transact(|txn| delete_one(ctx, txn, &rt, ctx.ns(), ctx.name(), opts))?;
+    match outcome {
+        Deleted::Marked(obj) => Ok(render(ctx, StatusCode::OK, &obj)),
+        Deleted::Gone(obj) => {
+            if is_crd(&rt) && !opts.dry_run {
+                sync_crd(ctx.state, None, ctx.name());
+            }
+            // Pods answer with the object, most types with a Success Status, as the real server.
+            if rt.group.is_empty() && rt.plural == "pods" {
+                Ok(render(ctx, StatusCode::OK, &obj))
+            } else {
+                Ok(json_response(StatusCode::OK, &success_status(&rt, &obj)))
+            }
+        }
+    }
+}
+
+fn delete_collection(ctx: &Ctx<'_>, body: &[u8]) -> Result<Response, ApiError> {
+    if !ctx.rt.verbs.iter().any(|v| v == "deletecollection") {
+        return Err(method_not_allowed(&Method::DELETE, &ctx.rt));
+    }
+    let opts = delete_options(ctx, body)?;
+    let selectors = Selectors::parse(&ctx.query, &ctx.rt)?;
+    let rt = ctx.rt.clone();
+    let k = key(&rt);
+    let items = ctx
+        .state
+        .store
+        .transact(|txn| -> Result<Vec<Value>, ApiError> {
+            let targets: Vec<Arc<Value>> = txn
+                .list(&k, ctx.rp.namespace.as_deref())
+                .into_iter()
+                .filter(|o| selectors.matches(o))
+                .collect();
+            let mut out = Vec::new();
+            for t in targets {
+                let (ns, name) = obj_key(&t);
+                match delete_one(ctx, txn, &rt, &ns, &name, &opts)? {
+                    Deleted::Gone(o) | Deleted::Marked(o) => out.push((*o).clone()),
+                }
+            }
+            Ok(out)
+        })?;
+    if is_crd(&rt) && !opts.dry_run {
+        for i in &items {
+            let name = i["metadata"]["name"].as_str().unwrap_or_default();
+            let current = ctx.state.store.get(&k, "", name);
+            sync_crd(ctx.state, current.as_deref(), name);
+        }
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {"resourceVersion": ctx.state.store.current_rv().to_string()}, "items": items}),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Subresources
+
+fn binding(ctx: &Ctx<'_>, body: &Value) -> Result<Response, ApiError> {
+    let target = body["target"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if target.is_empty() {
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            ctx.name(),
+            &[Cause {
+                reason: "FieldValueRequired".into(),
+                message: "Required value".into(),
+                field: "target.name".into(),
+            }],
+        ));
+    }
+    if let Some(n) = body["metadata"]["name"].as_str()
+        && !n.is_empty()
+        && n != ctx.name()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the name of the object ({n}) does not match the name on the URL ({})",
+            ctx.name()
+        )));
+    }
+    let dry_run = ctx.dry_run()?;
+    let k = key(&ctx.rt);
+    ctx.state.store.transact(|txn| -> Result<(), ApiError> {
+        let old = txn.get(&k, ctx.ns(), ctx.name()).ok_or_else(|| ctx.not_found())?;
+        if old["metadata"].get("deletionTimestamp").is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::conflict("", "pods/binding", ctx.name(), &format!("pod {} is being deleted, cannot be assigned to a host", ctx.name())));
+        }
+        if let Some(node) = old["spec"]["nodeName"].as_str()
+            && !node.is_empty()
+        {
+            return Err(ApiError::conflict(
+                "",
+                "pods/binding",
+                ctx.name(),
+                &format!("pod {} is already assigned to node \"{node}\"", ctx.name()),
+            ));
+        }
+        if let Some(uid) = body["metadata"]["uid"].as_str()
+            && !uid.is_empty()
+            && old["metadata"]["uid"].as_str() != Some(uid)
+        {
+            return Err(ApiError::conflict("", "pods/binding", ctx.name(), "Precondition failed: UID mismatch"));
+        }
+        let mut new = (*old).clone();
+        new["spec"]["nodeName"] = json!(target);
+        if let Some(ann) = body["metadata"]["annotations"].as_object() {
+            for (k2, v) in ann {
+                new["metadata"]["annotations"][k2] = v.clone();
+            }
+        }
+        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": strategy::now_rfc3339()});
+        let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
+        let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
+        conds.push(cond);
+        new["status"]["conditions"] = Value::Array(conds);
+        if !dry_run {
+            txn.put(&k, new);
+        }
+        Ok(())
+    })?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
+
+fn eviction(ctx: &Ctx<'_>, body: &Value) -> Result<Response, ApiError> {
+    let opts_v = &body["deleteOptions"];
+    let mut opts = DeleteOptions {
+        grace: opts_v["gracePeriodSeconds"].as_i64(),
+        propagation: opts_v["propagationPolicy"].as_str().map(str::to_owned),
+        uid: opts_v["preconditions"]["uid"].as_str().map(str::to_owned),
+        rv: opts_v["preconditions"]["resourceVersion"]
+            .as_str()
+            .map(str::to_owned),
+        dry_run: ctx.dry_run()?,
+    };
+    if opts_v["dryRun"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|x| x == "All"))
+    {
+        opts.dry_run = true;
+    }
+    let rt = ctx.rt.clone();
+    ctx.state
+        .store
+        .transact(|txn| delete_one(ctx, txn, &rt, ctx.ns(), ctx.name(), &opts))?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    ))
+}
+
+fn token(ctx: &Ctx<'_>, body: &Value) -> Result<Response, ApiError> {
+    let sa = ctx
+        .state
+        .store
+        .get(&key(&ctx.rt), ctx.ns(), ctx.name())
+        .ok_or_else(|| ctx.not_found())?;
+    let bound = match body["spec"]["boundObjectRef"]["kind"].as_str() {
+        Some(kind @ ("Pod" | "Secret" | "Node")) => {
+            let name = body["spec"]["boundObjectRef"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            let (plural, ns) = match kind {
+                "Pod" => ("pods", ctx.ns()),
+                "Secret" => ("secrets", ctx.ns()),
+                _ => ("nodes", ""),
+            };
+            Some(
+                ctx.state
+                    .store
+                    .get(&TypeKey::new("", plural), ns, name)
+                    .ok_or_else(|| ApiError::not_found("", plural, name))?,
+            )
+        }
+        _ => None,
+    };
+    let now = jiff::Timestamp::now().as_second();
+    let issuer = ctx.state.authenticator.issuer();
+    let resp = auth::token_request_bound(issuer, &sa, body, bound.as_deref(), now)?;
+    Ok(json_response(StatusCode::CREATED, &resp))
+}
+
+fn scale_of(obj: &Value) -> Value {
+    let selector = obj["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default();
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": obj["metadata"]["name"],
+            "namespace": obj["metadata"]["namespace"],
+            "uid": obj["metadata"]["uid"],
+            "resourceVersion": obj["metadata"]["resourceVersion"],
+            "creationTimestamp": obj["metadata"]["creationTimestamp"],
+        },
+        "spec": {"replicas": obj["spec"]["replicas"].as_i64().unwrap_or(0)},
+        "status": {"replicas": obj["status"]["replicas"].as_i64().unwrap_or(0), "selector": selector},
+    })
+}
+
+fn scale_get(ctx: &Ctx<'_>) -> Result<Response, ApiError> {
+    let obj = ctx
+        .state
+        .store
+        .get(&key(&ctx.rt), ctx.ns(), ctx.name())
+        .ok_or_else(|| ctx.not_found())?;
+    Ok(json_response(StatusCode::OK, &scale_of(&obj)))
+}
+
+fn scale_write(
+    ctx: &Ctx<'_>,
+    method: &Method,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let dry_run = ctx.dry_run()?;
+    let k = key(&ctx.rt);
+    let stored = ctx.state.store.transact(|txn| -> Result<Arc<Value>, ApiError> {
+        let old = txn.get(&k, ctx.ns(), ctx.name()).ok_or_else(|| ctx.not_found())?;
+        let mut scale = scale_of(&old);
+        if method == Method::PUT {
+            scale = decode_body(content_type, body)?;
+        } else {
+            let doc: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+            match content_type.unwrap_or_default().split(';').next().unwrap_or_default() {
+                "application/json-patch+json" => patch::json_patch(&mut scale, &doc)?,
+                _ => patch::merge_patch(&mut scale, &doc),
+            }
+        }
+        if let Some(rv) = scale["metadata"]["resourceVersion"].as_str()
+            && !rv.is_empty()
+            && Some(rv) != old["metadata"]["resourceVersion"].as_str()
+        {
+            return Err(ctx.conflict(ctx.name(), "the object has been modified; please apply your changes to the latest version and try again"));
+        }
+        let replicas = scale["spec"]["replicas"].as_i64().ok_or_else(|| {
+            ApiError::invalid("autoscaling", "Scale", ctx.name(), &[Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.replicas".into() }])
+        })?;
+        if replicas < 0 {
+            return Err(ApiError::invalid("autoscaling", "Scale", ctx.name(), &[Cause {
+                reason: "FieldValueInvalid".into(),
+                message: format!("Invalid value: {replicas}: must be greater than or equal to 0"),
+                field: "spec.replicas".into(),
+            }]));
+        }
+        let mut new = (*old).clone();
+        new["spec"]["replicas"] = json!(replicas);
+        if let Some(m) = new["metadata"].as_object_mut() {
+            m.remove("resourceVersion");
+        }
+        write_update(ctx, txn, &old, new, None, dry_run)
+    })?;
+    Ok(json_response(StatusCode::OK, &scale_of(&stored)))
+}
