@@ -79,10 +79,27 @@ impl fmt::Display for Op {
 /// object; routes exist before the rules that point at them, and rules before the marks that
 /// select them. The ruleset is replaced only when its fingerprint differs. Each group is sorted,
 /// so the result is deterministic.
+///
+/// Observed rules at another priority and routes outside our tables are not ours
+/// ([`Plan::ownership`]): they are ignored, never deleted.
 pub fn diff(desired: &Plan, observed: &Observed) -> Vec<Op> {
+    let ownership = &desired.ownership;
+    let (first_table, last_table) = ownership.route_tables;
+    let observed_rules: Vec<Rule> = observed
+        .rules
+        .iter()
+        .filter(|rule| rule.priority == ownership.rule_priority)
+        .cloned()
+        .collect();
+    let observed_routes: Vec<Route> = observed
+        .routes
+        .iter()
+        .filter(|route| (first_table..=last_table).contains(&route.table))
+        .cloned()
+        .collect();
     let mut ops = Vec::new();
-    let (del_rules, add_rules) = set_diff(&desired.rules, &observed.rules);
-    let (del_routes, add_routes) = set_diff(&desired.routes, &observed.routes);
+    let (del_rules, add_rules) = set_diff(&desired.rules, &observed_rules);
+    let (del_routes, add_routes) = set_diff(&desired.routes, &observed_routes);
     let (del_addresses, add_addresses) = set_diff(&desired.addresses, &observed.addresses);
     ops.extend(del_rules.into_iter().map(Op::DelRule));
     ops.extend(del_routes.into_iter().map(Op::DelRoute));

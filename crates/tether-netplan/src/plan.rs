@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::input::validate;
 use crate::nft::{Chain, ChainKind, Hook, NftRule, Priority, Ruleset};
-use crate::{CidrMapping, GatewayInput, PeerInput, PlanError};
+use crate::{CidrMapping, GatewayInput, Ownership, PeerInput, PlanError};
 
 /// Desired kernel state of one gateway namespace. Every list is sorted, so equal inputs give
 /// equal plans, whatever the order of `pod_interfaces` or CIDRs.
@@ -25,6 +25,8 @@ pub struct Plan {
     pub rules: Vec<Rule>,
     /// Our nftables table.
     pub nft: Ruleset,
+    /// What this plan owns; [`crate::diff`] ignores observed objects outside it.
+    pub ownership: Ownership,
 }
 
 /// A kernel parameter. `key` is the path below `/proc/sys` with `/` separators
@@ -207,6 +209,7 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
         routes,
         rules,
         nft: ruleset(input),
+        ownership: input.ownership(),
     })
 }
 

@@ -1,0 +1,343 @@
+//! Reconciliation tests: snapshots of the ops `diff` and `teardown` emit for typical drift, and
+//! a property test that applying the ops to an in-memory kernel converges in one round.
+
+mod fixtures;
+
+use std::collections::BTreeSet;
+
+use expect_test::expect;
+use fixtures::{net, scenarios};
+use proptest::prelude::*;
+use tether_netplan::{
+    Address, GatewayInput, Observed, Op, Plan, Route, Rule, Sysctl, diff, plan, teardown,
+};
+
+fn scenario(name: &str) -> GatewayInput {
+    scenarios()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .expect("scenario exists")
+        .1
+}
+
+fn ops_text(ops: &[Op]) -> String {
+    ops.iter().map(|op| format!("{op}\n")).collect()
+}
+
+/// What a kernel holding exactly `plan` reports back.
+fn observed_from(plan: &Plan) -> Observed {
+    Observed {
+        routes: plan.routes.clone(),
+        rules: plan.rules.clone(),
+        ruleset_fingerprint: Some(plan.nft.fingerprint()),
+        sysctls: plan.sysctls.clone(),
+        addresses: plan.addresses.clone(),
+    }
+}
+
+#[test]
+fn empty_kernel_gets_everything_added_in_apply_order() {
+    let desired = plan(&scenario("two_peers_same_real")).expect("valid");
+    expect![[r#"
+        sysctl -w net.ipv4.conf.all.rp_filter=2
+        sysctl -w net.ipv4.conf.default.rp_filter=2
+        sysctl -w net.ipv4.conf.tether-b.rp_filter=2
+        sysctl -w net.ipv4.conf.tether-c.rp_filter=2
+        sysctl -w net.ipv4.ip_forward=1
+        ip addr add 169.254.18.1/30 dev tether-b
+        ip addr add 169.254.18.5/30 dev tether-c
+        ip route add 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+        ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
+        ip rule add pref 7700 fwmark 0x7700/0xffff lookup 7700
+        ip rule add pref 7700 fwmark 0x7701/0xffff lookup 7701
+        nft replace table ip tether (52beb1e014ab6caf)
+    "#]]
+    .assert_eq(&ops_text(&diff(&desired, &Observed::default())));
+}
+
+#[test]
+fn kernel_matching_the_plan_needs_nothing() {
+    for (name, input) in scenarios() {
+        let desired = plan(&input).expect("valid");
+        assert_eq!(
+            diff(&desired, &observed_from(&desired)),
+            Vec::new(),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn drift_is_repaired_with_deletes_before_adds() {
+    let desired = plan(&scenario("two_peers_same_real")).expect("valid");
+    let mut observed = observed_from(&desired);
+    // A peer that went away left its rule and route behind (table 7702), peer c's route points
+    // at the wrong device, ip_forward was reset, and the table holds an older ruleset.
+    observed.rules.push(Rule {
+        priority: 7700,
+        fwmark: Some((0x7702, 0xffff)),
+        iif: None,
+        dst: None,
+        table: 7702,
+    });
+    observed.routes.push(Route {
+        table: 7702,
+        dst: net("10.5.0.0/16"),
+        dev: "tether-d".to_owned(),
+        src: None,
+    });
+    observed.routes.retain(|route| route.table != 7701);
+    observed.routes.push(Route {
+        table: 7701,
+        dst: net("10.0.0.0/16"),
+        dev: "tether-b".to_owned(),
+        src: None,
+    });
+    observed
+        .sysctls
+        .retain(|sysctl| sysctl.key != "net/ipv4/ip_forward");
+    observed
+        .sysctls
+        .push(Sysctl::new("net/ipv4/ip_forward", "0\n"));
+    observed.addresses.push(Address {
+        dev: "tether-c".to_owned(),
+        addr: net("169.254.99.1/30"),
+    });
+    observed.ruleset_fingerprint = Some("0000000000000000".to_owned());
+    expect![[r#"
+        ip rule del pref 7700 fwmark 0x7702/0xffff lookup 7702
+        ip route del 10.0.0.0/16 dev tether-b table 7701
+        ip route del 10.5.0.0/16 dev tether-d table 7702
+        ip addr del 169.254.99.1/30 dev tether-c
+        sysctl -w net.ipv4.ip_forward=1
+        ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
+        nft replace table ip tether (52beb1e014ab6caf)
+    "#]]
+    .assert_eq(&ops_text(&diff(&desired, &observed)));
+}
+
+#[test]
+fn foreign_rules_and_routes_are_ignored() {
+    let desired = plan(&scenario("two_peers_same_real")).expect("valid");
+    let mut observed = observed_from(&desired);
+    // Someone else's rule at another priority, and a route in main and in a table past ours.
+    observed.rules.push(Rule {
+        priority: 100,
+        fwmark: None,
+        iif: None,
+        dst: None,
+        table: 7700,
+    });
+    observed.rules.push(Rule {
+        priority: 7701,
+        fwmark: Some((0x7700, 0xffff)),
+        iif: None,
+        dst: None,
+        table: 7700,
+    });
+    for table in [254, 7700 + 256] {
+        observed.routes.push(Route {
+            table,
+            dst: net("10.0.0.0/8"),
+            dev: "eth0".to_owned(),
+            src: None,
+        });
+    }
+    assert_eq!(diff(&desired, &observed), Vec::new());
+}
+
+#[test]
+fn sysctl_values_are_compared_ignoring_trailing_newlines() {
+    let desired = plan(&scenario("one_peer_remapped")).expect("valid");
+    let mut observed = observed_from(&desired);
+    for sysctl in &mut observed.sysctls {
+        sysctl.value.push('\n');
+    }
+    assert_eq!(diff(&desired, &observed), Vec::new());
+}
+
+#[test]
+fn missing_or_foreign_table_is_replaced() {
+    let desired = plan(&scenario("one_peer_remapped")).expect("valid");
+    for fingerprint in [None, Some(String::new())] {
+        let observed = Observed {
+            ruleset_fingerprint: fingerprint,
+            ..observed_from(&desired)
+        };
+        assert_eq!(
+            diff(&desired, &observed),
+            vec![Op::ReplaceRuleset(desired.nft.clone())]
+        );
+    }
+}
+
+#[test]
+fn teardown_removes_only_what_was_observed() {
+    let desired = plan(&scenario("two_peers_same_real")).expect("valid");
+    expect![[r#"
+        nft delete table ip tether
+        ip rule del pref 7700 fwmark 0x7700/0xffff lookup 7700
+        ip rule del pref 7700 fwmark 0x7701/0xffff lookup 7701
+        ip route del 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+        ip route del 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
+        ip addr del 169.254.18.1/30 dev tether-b
+        ip addr del 169.254.18.5/30 dev tether-c
+    "#]]
+    .assert_eq(&ops_text(&teardown("tether", &observed_from(&desired))));
+    let nothing = Observed::default();
+    assert_eq!(teardown("tether", &nothing), Vec::new());
+}
+
+/// A tiny in-memory kernel: just enough state to apply ops the way `tether-kernel` does.
+#[derive(Debug, Clone, Default)]
+struct FakeKernel {
+    routes: BTreeSet<Route>,
+    rules: BTreeSet<Rule>,
+    addresses: BTreeSet<Address>,
+    sysctls: Vec<Sysctl>,
+    table: Option<String>,
+}
+
+impl FakeKernel {
+    fn apply(&mut self, op: &Op) {
+        match op {
+            Op::AddRoute(route) => {
+                // The kernel refuses a second route to the same destination in one table.
+                let clash = self
+                    .routes
+                    .iter()
+                    .any(|r| r.table == route.table && r.dst == route.dst);
+                assert!(!clash, "route add would fail with EEXIST: {route}");
+                self.routes.insert(route.clone());
+            }
+            Op::DelRoute(route) => assert!(self.routes.remove(route), "no such route {route}"),
+            Op::AddRule(rule) => assert!(self.rules.insert(rule.clone()), "duplicate rule {rule}"),
+            Op::DelRule(rule) => assert!(self.rules.remove(rule), "no such rule {rule}"),
+            Op::AddAddress(address) => {
+                assert!(
+                    self.addresses.insert(address.clone()),
+                    "duplicate {address}"
+                );
+            }
+            Op::DelAddress(address) => assert!(self.addresses.remove(address), "no {address}"),
+            Op::SetSysctl(sysctl) => {
+                self.sysctls.retain(|s| s.key != sysctl.key);
+                self.sysctls.push(sysctl.clone());
+            }
+            Op::ReplaceRuleset(ruleset) => self.table = Some(ruleset.fingerprint()),
+            Op::DeleteRuleset(_) => self.table = None,
+        }
+    }
+
+    fn observe(&self) -> Observed {
+        Observed {
+            routes: self.routes.iter().cloned().collect(),
+            rules: self.rules.iter().cloned().collect(),
+            ruleset_fingerprint: self.table.clone(),
+            sysctls: self.sysctls.clone(),
+            addresses: self.addresses.iter().cloned().collect(),
+        }
+    }
+}
+
+/// A kernel that holds a random mix: some of `desired`'s objects, plus stale ones of our own.
+fn drifted_kernel(desired: &Plan, keep: &[bool], stale_tables: &[u32]) -> FakeKernel {
+    let mut kernel = FakeKernel::default();
+    let mut keep = keep.iter().cycle();
+    let mut next = || *keep.next().expect("cycle of a non-empty slice");
+    for route in &desired.routes {
+        if next() {
+            kernel.routes.insert(route.clone());
+        }
+    }
+    for rule in &desired.rules {
+        if next() {
+            kernel.rules.insert(rule.clone());
+        }
+    }
+    for address in &desired.addresses {
+        if next() {
+            kernel.addresses.insert(address.clone());
+        }
+    }
+    for sysctl in &desired.sysctls {
+        if next() {
+            kernel.sysctls.push(sysctl.clone());
+        } else {
+            kernel.sysctls.push(Sysctl::new(sysctl.key.clone(), "0"));
+        }
+    }
+    for (i, table) in stale_tables.iter().enumerate() {
+        let dst = net(&format!("10.{}.0.0/16", 100 + i));
+        kernel.routes.insert(Route {
+            table: *table,
+            dst,
+            dev: "old".to_owned(),
+            src: None,
+        });
+        kernel.rules.insert(Rule {
+            priority: 7700,
+            fwmark: Some((*table, 0xffff)),
+            iif: None,
+            dst: None,
+            table: *table,
+        });
+    }
+    if next() {
+        kernel.table = Some(desired.nft.fingerprint());
+    } else if next() {
+        kernel.table = Some("stale".to_owned());
+    }
+    kernel
+}
+
+proptest! {
+    #[test]
+    fn one_round_of_diff_converges(
+        index in 0usize..7,
+        reverse in any::<bool>(),
+        keep in proptest::collection::vec(any::<bool>(), 1..16),
+        stale_tables in proptest::collection::vec(7700u32..7710, 0..4),
+    ) {
+        let (_, mut input) = scenarios().swap_remove(index);
+        if reverse {
+            input.peers.reverse();
+        }
+        let desired = plan(&input).expect("valid");
+        let mut kernel = drifted_kernel(&desired, &keep, &stale_tables);
+        let ops = diff(&desired, &kernel.observe());
+        for op in &ops {
+            kernel.apply(op);
+        }
+        prop_assert_eq!(diff(&desired, &kernel.observe()), Vec::<Op>::new());
+        // Teardown leaves nothing of ours.
+        for op in teardown(&input.table, &kernel.observe()) {
+            kernel.apply(&op);
+        }
+        let left = kernel.observe();
+        prop_assert!(left.routes.is_empty() && left.rules.is_empty() && left.addresses.is_empty());
+        prop_assert_eq!(left.ruleset_fingerprint, None);
+    }
+
+    #[test]
+    fn plan_does_not_depend_on_pod_interface_order(index in 0usize..7) {
+        let (_, mut input) = scenarios().swap_remove(index);
+        input.pod_interfaces = vec!["eth1".to_owned(), "eth0".to_owned()];
+        let forward = plan(&input).expect("valid");
+        input.pod_interfaces.reverse();
+        prop_assert_eq!(plan(&input).expect("valid"), forward);
+    }
+}
+
+#[test]
+fn peer_order_decides_marks_and_tables_so_callers_sort_by_id() {
+    let mut input = scenario("two_peers_same_real");
+    let sorted = plan(&input).expect("valid");
+    input.peers.reverse();
+    let reversed = plan(&input).expect("valid");
+    // Same objects, but the marks/tables swap owners: the reason the gateway must keep a stable
+    // order. Planning the sorted input again gives the identical plan.
+    assert_ne!(sorted.nft.fingerprint(), reversed.nft.fingerprint());
+    input.peers.sort_by(|a, b| a.id.cmp(&b.id));
+    assert_eq!(plan(&input).expect("valid"), sorted);
+}
