@@ -6,35 +6,17 @@ use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
 use super::*;
-use crate::registry::{Origin, ResourceType};
+use crate::registry::ResourceType;
 
 fn labels(v: Value) -> Map<String, Value> {
     v.as_object().cloned().expect("test labels are an object")
 }
 
 fn pods() -> ResourceType {
-    ResourceType {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "Pod".into(),
-        plural: "pods".into(),
-        singular: "pod".into(),
-        list_kind: "PodList".into(),
-        namespaced: true,
-        short_names: vec![],
-        categories: vec![],
-        verbs: vec![],
-        subresources: vec![],
-        printer_columns: vec![],
-        selectable_fields: vec![
-            "spec.nodeName".into(),
-            "status.phase".into(),
-            "spec.hostNetwork".into(),
-        ],
-        schema: None,
-        storage: true,
-        origin: Origin::Builtin,
-    }
+    crate::registry::builtins()
+        .into_iter()
+        .find(|t| t.group.is_empty() && t.kind == "Pod")
+        .expect("pods are built in")
 }
 
 #[test]
