@@ -4,7 +4,6 @@
 
 mod objects;
 mod query;
-mod shim;
 
 use crate::discovery;
 

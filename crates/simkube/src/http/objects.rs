@@ -22,8 +22,8 @@ use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjKey, Page, Txn, TypeKey, obj_key};
 use crate::strategy;
 
-use super::shim::{crd, patch};
 use crate::table;
+use crate::{crd, patch};
 
 /// The `foregroundDeletion` finalizer the GC controller honours.
 pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
@@ -66,6 +66,8 @@ struct Ctx<'a> {
     repr: Repr,
     #[allow(dead_code)]
     attrs: &'a RequestAttributes,
+    /// Who writes, for `managedFields`: `fieldManager`, else the User-Agent's program name.
+    manager: Option<String>,
 }
 
 impl Ctx<'_> {
@@ -121,6 +123,18 @@ pub(super) async fn serve(
     {
         return Err(ApiError::no_such_resource());
     }
+    let manager = query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .or_else(|| {
+            req.headers()
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|ua| ua.split('/').next())
+                .filter(|p| !p.is_empty())
+                .map(|p| p.chars().take(128).collect())
+        });
     let ctx = Ctx {
         state,
         rt,
@@ -128,6 +142,7 @@ pub(super) async fn serve(
         query,
         repr,
         attrs,
+        manager,
     };
     let method = req.method().clone();
     let content_type = req
@@ -667,6 +682,7 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
             strategy::allocate_service(obj, &ips, &ports);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
+            crd::default_crd(obj);
             crd::validate_crd(obj)?;
             crd::accept(obj);
         }
@@ -681,22 +697,8 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
 fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiError> {
     let rt = &ctx.rt;
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
-        crd::validate_crd(new)?;
-        if old["spec"]["scope"] != new["spec"]["scope"] {
-            return Err(ApiError::invalid(
-                &rt.group,
-                &rt.kind,
-                new["metadata"]["name"].as_str().unwrap_or_default(),
-                &[Cause {
-                    reason: "FieldValueInvalid".into(),
-                    message: format!(
-                        "Invalid value: {}: field is immutable",
-                        new["spec"]["scope"]
-                    ),
-                    field: "spec.scope".into(),
-                }],
-            ));
-        }
+        crd::default_crd(new);
+        crd::validate_crd_update(old, new)?;
         crd::accept(new);
     }
     if matches!(rt.origin, Origin::Crd { .. }) {
@@ -745,6 +747,18 @@ fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Resp
                 let (ns, name) = obj_key(&candidate);
                 namespace_admission(txn, &rt, &ns, &name)?;
                 admit_create(ctx, txn, &mut candidate)?;
+                if let Some(manager) = &ctx.manager {
+                    let now = strategy::now_rfc3339();
+                    patch::update_managed_fields_with(
+                        None,
+                        &mut candidate,
+                        manager,
+                        "Update",
+                        &now,
+                        Some(&rt),
+                        None,
+                    );
+                }
                 if txn.get(&k, &ns, &name).is_some() {
                     attempt += 1;
                     if generate && attempt < 8 {
@@ -790,6 +804,7 @@ fn write_update(
     mut new: Value,
     sub: Option<&str>,
     dry_run: bool,
+    record_manager: bool,
 ) -> Result<Arc<Value>, ApiError> {
     check_rv(ctx, old, &new)?;
     let rt = &ctx.rt;
@@ -841,6 +856,19 @@ fn write_update(
                 admit_update(ctx, old, &mut new)?;
             }
         }
+    }
+    if record_manager && let Some(manager) = &ctx.manager {
+        let now = strategy::now_rfc3339();
+        let sub = sub.filter(|s| *s == "status");
+        patch::update_managed_fields_with(
+            Some(old),
+            &mut new,
+            manager,
+            "Update",
+            &now,
+            Some(rt),
+            sub,
+        );
     }
     if let Some(m) = new["metadata"].as_object_mut() {
         m.insert(
@@ -898,7 +926,7 @@ fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, 
         let old = txn
             .get(&k, ctx.ns(), ctx.name())
             .ok_or_else(|| ctx.not_found())?;
-        write_update(ctx, txn, &old, obj, sub, dry_run)
+        write_update(ctx, txn, &old, obj, sub, dry_run, true)
     })?;
     if is_crd(&ctx.rt) && !dry_run {
         let current = ctx.state.store.get(&k, "", ctx.name());
@@ -1022,14 +1050,15 @@ fn patch(
                                 });
                             }
                         }
-                        patch::server_side_apply(
-                            Some(&target),
-                            &scoped,
-                            &manager,
+                        patch::server_side_apply_with(patch::ApplyRequest {
+                            live: Some(&target),
+                            applied: &scoped,
+                            manager: &manager,
                             force,
-                            &now,
-                            &rt,
-                        )?
+                            now: &now,
+                            rt: &rt,
+                            subresource: sub,
+                        })?
                     }
                 };
                 if !new.is_object() {
@@ -1054,7 +1083,7 @@ fn patch(
                     m.remove("resourceVersion");
                 }
                 check_type_meta(&rt, &mut new, false)?;
-                let stored = write_update(ctx, txn, &old, new, sub, dry_run)?;
+                let stored = write_update(ctx, txn, &old, new, sub, dry_run, !apply)?;
                 Ok((stored, false))
             })?;
     if is_crd(&ctx.rt) && !dry_run {
@@ -1541,7 +1570,7 @@ fn scale_write(
         if let Some(m) = new["metadata"].as_object_mut() {
             m.remove("resourceVersion");
         }
-        write_update(ctx, txn, &old, new, None, dry_run)
+        write_update(ctx, txn, &old, new, None, dry_run, true)
     })?;
     Ok(json_response(StatusCode::OK, &scale_of(&stored)))
 }
