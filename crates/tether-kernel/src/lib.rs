@@ -1,1 +1,22 @@
-//! Placeholder while the crate is being written.
+//! The only code in Tether that programs the kernel: it applies a `tether-netplan` [`Plan`]
+//! (sysctls, tunnel addresses, per-peer routes and policy rules, one nftables table) to the
+//! current network namespace, idempotently, and prepares the gateway's tunnel devices.
+//!
+//! Load → pure plan → apply: [`Kernel::reconcile`] observes only the objects we own
+//! ([`Kernel::observe`]), lets `tether_netplan::diff` compute the operations, applies them and
+//! returns a [`ReconcileReport`]. Routes, rules and addresses travel over rtnetlink and carry our
+//! protocol tag; the nftables table is replaced atomically through `nft -f -` (see the `nft`
+//! module for why a command), with its fingerprint in the table comment so drift is visible.
+//!
+//! [`Plan`]: tether_netplan::Plan
+
+mod error;
+mod kernel;
+mod link;
+mod netlink;
+mod nft;
+mod sysctl;
+
+pub use error::KernelError;
+pub use kernel::{DEFAULT_PROTOCOL, Kernel, KernelConfig, OpFailure, ReconcileReport};
+pub use link::{LinkSettings, TUNNEL_TXQUEUELEN};
