@@ -12,6 +12,9 @@ mod rbac;
 mod review;
 mod token;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
@@ -475,12 +478,11 @@ impl RequestAttributes {
             }
             .to_owned();
         }
-        if rest.first() == Some(&"namespaces") {
-            if rest.len() > 1 {
-                attrs.namespace = rest[1].to_owned();
-                if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
-                    rest = &rest[2..];
-                }
+        if rest.first() == Some(&"namespaces") && rest.len() > 1 {
+            attrs.namespace = rest[1].to_owned();
+            // `namespaces/<ns>/status` and `/finalize` are subresources of the Namespace.
+            if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
+                rest = &rest[2..];
             }
         }
         if rest.len() >= 3 && attrs.verb != "proxy" {

@@ -172,11 +172,7 @@ impl CertAuthority {
     ) -> Result<(String, String), TlsError> {
         let mut params = CertificateParams::default();
         params.distinguished_name = rcgen::DistinguishedName::new();
-        for group in groups {
-            params
-                .distinguished_name
-                .push(DnType::OrganizationName, group.as_str());
-        }
+        // The real subject (with every group) is written by `with_subject` below.
         params.distinguished_name.push(DnType::CommonName, user);
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
@@ -189,7 +185,8 @@ impl CertAuthority {
         set_validity(&mut params, now.saturating_sub(BACKDATE), now + valid_for);
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
-        Ok((cert.pem(), key.serialize_pem()))
+        let der = with_subject(cert.der(), &subject_name(user, groups), &self.issuer)?;
+        Ok((pem_certificate(&der), key.serialize_pem()))
     }
 
     /// Signs a PEM CSR as the `kubernetes.io/kube-apiserver-client` signer does: the subject is
@@ -209,6 +206,16 @@ impl CertAuthority {
                  signed by the key it names"
             ))
         })?;
+        let raw_subject = {
+            use x509_parser::prelude::FromDer as _;
+            let der = first_pem_der(csr_pem, "CERTIFICATE REQUEST")?;
+            let (_, parsed) =
+                x509_parser::certification_request::X509CertificationRequest::from_der(&der)
+                    .map_err(|e| {
+                        TlsError::InvalidCsr(format!("could not parse the request: {e}"))
+                    })?;
+            parsed.certification_request_info.subject.as_raw().to_vec()
+        };
         let (key_usages, extended) = client_usages(usages)?;
         if !request.params.subject_alt_names.is_empty() {
             return Err(TlsError::InvalidCsr(
@@ -250,8 +257,171 @@ impl CertAuthority {
             public_key: request.public_key,
         };
         let cert = signing.signed_by(&self.issuer)?;
-        Ok(cert.pem())
+        // rcgen keeps one value per attribute type; copy the requested subject verbatim so
+        // every O (group) survives.
+        let der = with_subject(cert.der(), &raw_subject, &self.issuer)?;
+        Ok(pem_certificate(&der))
     }
+}
+
+/// DER length octets.
+fn der_length(len: usize) -> Vec<u8> {
+    if len < 0x80 {
+        return vec![u8::try_from(len).expect("invariant: checked < 0x80")];
+    }
+    let bytes: Vec<u8> = len
+        .to_be_bytes()
+        .into_iter()
+        .skip_while(|b| *b == 0)
+        .collect();
+    let mut out = vec![0x80 | u8::try_from(bytes.len()).expect("invariant: usize has <= 8 bytes")];
+    out.extend(bytes);
+    out
+}
+
+/// A DER element with `tag` around `content`.
+fn der(tag: u8, content: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend(der_length(content.len()));
+    out.extend_from_slice(content);
+    out
+}
+
+/// (header length, total length) of the DER element at the start of `data`.
+fn der_element(data: &[u8]) -> Option<(usize, usize)> {
+    let first = *data.get(1)?;
+    let (header, len) = if first < 0x80 {
+        (2, usize::from(first))
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 {
+            return None;
+        }
+        let len = data
+            .get(2..2 + n)?
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (2 + n, len)
+    };
+    let total = header.checked_add(len)?;
+    (total <= data.len()).then_some((header, total))
+}
+
+/// The DER `Name` kube-apiserver reads identities from: one O attribute per group (rcgen keeps
+/// only one value per attribute type, so the subject is encoded here), then the CN.
+fn subject_name(common_name: &str, organizations: &[String]) -> Vec<u8> {
+    const OID_ORGANIZATION: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x0a];
+    const OID_COMMON_NAME: [u8; 5] = [0x06, 0x03, 0x55, 0x04, 0x03];
+    let rdn = |oid: &[u8], value: &str| {
+        let mut attribute = oid.to_vec();
+        attribute.extend(der(0x0c, value.as_bytes()));
+        der(0x31, &der(0x30, &attribute))
+    };
+    let mut rdns = Vec::new();
+    for organization in organizations {
+        rdns.extend(rdn(&OID_ORGANIZATION, organization));
+    }
+    rdns.extend(rdn(&OID_COMMON_NAME, common_name));
+    der(0x30, &rdns)
+}
+
+/// Replaces the subject of a certificate issued by `issuer` and signs it again.
+fn with_subject(
+    cert_der: &[u8],
+    subject: &[u8],
+    issuer: &Issuer<'static, KeyPair>,
+) -> Result<Vec<u8>, TlsError> {
+    // TBSCertificate: [0] version, serial, signature, issuer, validity, subject, ...
+    resign_with_subject(cert_der, subject, issuer.key(), |fields| {
+        if fields.first().is_some_and(|f| f.first() == Some(&0xa0)) {
+            5
+        } else {
+            4
+        }
+    })
+}
+
+/// Replaces the field at `subject_index(fields)` of the signed part of a DER certificate or
+/// PKCS#10 request (both are SEQUENCE { signed info, algorithm, BIT STRING signature }) and
+/// signs it again with `key`.
+fn resign_with_subject(
+    outer_der: &[u8],
+    subject: &[u8],
+    key: &KeyPair,
+    subject_index: impl Fn(&[&[u8]]) -> usize,
+) -> Result<Vec<u8>, TlsError> {
+    let malformed = || TlsError::Pem("internal: could not re-encode an issued certificate".into());
+    let (outer_header, _) = der_element(outer_der).ok_or_else(malformed)?;
+    let body = &outer_der[outer_header..];
+    let (info_header, info_total) = der_element(body).ok_or_else(malformed)?;
+    let info = &body[info_header..info_total];
+    let rest = &body[info_total..];
+    let mut fields = Vec::new();
+    let mut at = 0;
+    while at < info.len() {
+        let (_, total) = der_element(&info[at..]).ok_or_else(malformed)?;
+        fields.push(&info[at..at + total]);
+        at += total;
+    }
+    let index = subject_index(&fields);
+    if fields.len() <= index {
+        return Err(malformed());
+    }
+    let mut new_info = Vec::new();
+    for (i, field) in fields.iter().enumerate() {
+        new_info.extend_from_slice(if i == index { subject } else { field });
+    }
+    let new_info = der(0x30, &new_info);
+    // The algorithm is unchanged; the new signature covers the new content.
+    let (_, alg_total) = der_element(rest).ok_or_else(malformed)?;
+    let algorithm = &rest[..alg_total];
+    let signature = rcgen::SigningKey::sign(key, &new_info)?;
+    let mut bits = vec![0u8];
+    bits.extend(signature);
+    let mut content = new_info;
+    content.extend_from_slice(algorithm);
+    content.extend(der(0x03, &bits));
+    Ok(der(0x30, &content))
+}
+
+/// A PKCS#10 certificate signing request for a client identity: CN = `common_name` and one O
+/// per entry of `organizations` (groups), as kube-apiserver reads them. Returns (CSR PEM, PKCS#8
+/// key PEM). Use it to ask another cluster's `kubernetes.io/kube-apiserver-client` signer for an
+/// identity.
+pub fn client_csr(
+    common_name: &str,
+    organizations: &[String],
+) -> Result<(String, String), TlsError> {
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    let csr = params.serialize_request(&key)?;
+    // CertificationRequestInfo: version, subject, subjectPKInfo, [0] attributes.
+    let der = resign_with_subject(
+        csr.der(),
+        &subject_name(common_name, organizations),
+        &key,
+        |_| 1,
+    )?;
+    Ok((pem_block("CERTIFICATE REQUEST", &der), key.serialize_pem()))
+}
+
+fn pem_certificate(der_bytes: &[u8]) -> String {
+    pem_block("CERTIFICATE", der_bytes)
+}
+
+fn pem_block(label: &str, der_bytes: &[u8]) -> String {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(der_bytes);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for chunk in encoded.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(chunk).expect("invariant: base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 fn dn_text(value: &DnValue) -> String {
@@ -327,6 +497,7 @@ fn first_pem_der(pem: &str, what: &str) -> Result<Vec<u8>, TlsError> {
     match rustls_pemfile::read_one(&mut reader) {
         Ok(Some(rustls_pemfile::Item::X509Certificate(der))) => Ok(der.to_vec()),
         Ok(Some(rustls_pemfile::Item::Pkcs8Key(der))) => Ok(der.secret_pkcs8_der().to_vec()),
+        Ok(Some(rustls_pemfile::Item::Csr(der))) => Ok(der.to_vec()),
         Ok(_) => Err(TlsError::Pem(format!("no {what} block found"))),
         Err(e) => Err(TlsError::Pem(format!("reading {what}: {e}"))),
     }
@@ -531,4 +702,296 @@ pub fn kubeconfig_with_client_cert(
             "client-key-data": b64(key_pem),
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use x509_parser::extensions::ParsedExtension;
+
+    use super::*;
+
+    fn parse(
+        pem: &str,
+    ) -> (
+        String,
+        Vec<String>,
+        x509_parser::time::ASN1Time,
+        x509_parser::time::ASN1Time,
+        bool,
+        bool,
+        bool,
+    ) {
+        let der = first_pem_der(pem, "CERTIFICATE").expect("pem");
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).expect("der");
+        let cn = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .expect("cn")
+            .as_str()
+            .expect("utf8")
+            .to_owned();
+        let orgs = cert
+            .subject()
+            .iter_organization()
+            .map(|o| o.as_str().expect("utf8").to_owned())
+            .collect();
+        let mut client = false;
+        let mut server = false;
+        let mut digital = false;
+        for ext in cert.extensions() {
+            match ext.parsed_extension() {
+                ParsedExtension::ExtendedKeyUsage(eku) => {
+                    client = eku.client_auth;
+                    server = eku.server_auth;
+                }
+                ParsedExtension::KeyUsage(ku) => digital = ku.digital_signature(),
+                _ => {}
+            }
+        }
+        (
+            cn,
+            orgs,
+            cert.validity().not_before,
+            cert.validity().not_after,
+            client,
+            server,
+            digital,
+        )
+    }
+
+    fn csr(cn: &str, orgs: &[&str], sans: Vec<String>) -> String {
+        let key = KeyPair::generate().expect("key");
+        let mut params = CertificateParams::new(sans).expect("params");
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        for o in orgs {
+            params.distinguished_name.push(DnType::OrganizationName, *o);
+        }
+        params
+            .serialize_request(&key)
+            .expect("csr")
+            .pem()
+            .expect("pem")
+    }
+
+    fn now() -> i64 {
+        i64::try_from(unix_now().as_secs()).expect("time")
+    }
+
+    #[test]
+    fn client_certificates_carry_user_and_groups() {
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let groups = vec!["tenants".to_owned(), "consumers".to_owned()];
+        let (cert, key) = ca
+            .issue_client_cert("alice", &groups, Duration::from_secs(3600))
+            .expect("cert");
+        assert!(key.contains("PRIVATE KEY"));
+        let (cn, orgs, _, not_after, client, server, _) = parse(&cert);
+        assert_eq!((cn.as_str(), orgs), ("alice", groups));
+        assert!(client && !server);
+        assert!((not_after.timestamp() - now() - 3600).abs() < 5);
+        let der = first_pem_der(&cert, "CERTIFICATE").expect("der");
+        assert_eq!(
+            ClientIdentity::from_der(&der),
+            Some(ClientIdentity {
+                common_name: "alice".into(),
+                organizations: vec!["tenants".into(), "consumers".into()]
+            })
+        );
+        let debug = format!("{ca:?}");
+        assert!(
+            debug.contains("<redacted>") && !debug.contains("PRIVATE"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn csr_signing_follows_the_client_signer() {
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let usages: Vec<String> = ["digital signature", "key encipherment", "client auth"]
+            .map(String::from)
+            .to_vec();
+        let signed = ca
+            .sign_csr(&csr("bob", &["org-a"], vec![]), &usages, Some(1800))
+            .expect("signed");
+        let (cn, orgs, not_before, not_after, client, server, digital) = parse(&signed);
+        assert_eq!((cn.as_str(), orgs), ("bob", vec!["org-a".to_owned()]));
+        assert!(client && !server && digital);
+        assert!((not_after.timestamp() - now() - 1800).abs() < 5);
+        assert!(not_before.timestamp() <= now() - 290, "backdated");
+        // Every group of a multi-O request survives signing.
+        let groups = vec!["tether:consumers".to_owned(), "tenant-a".to_owned()];
+        let (request, key) = client_csr("cluster-a", &groups).expect("csr");
+        assert!(key.contains("PRIVATE KEY"));
+        let signed = ca.sign_csr(&request, &usages, None).expect("signed");
+        assert_eq!(parse(&signed).1, groups);
+        // Without an expiration: the one-year signing duration.
+        let year = ca
+            .sign_csr(&csr("bob", &[], vec![]), &usages, None)
+            .expect("signed");
+        assert!((parse(&year).3.timestamp() - now() - 365 * 24 * 3600).abs() < 5);
+        // The signed certificate chains to the CA: rustls' verifier accepts it.
+        let roots = {
+            let mut r = rustls::RootCertStore::empty();
+            r.add(ca.ca_der().clone()).expect("root");
+            Arc::new(r)
+        };
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, crypto_provider())
+                .build()
+                .expect("verifier");
+        let leaf = CertificateDer::from(first_pem_der(&signed, "CERTIFICATE").expect("der"));
+        verifier
+            .verify_client_cert(&leaf, &[], rustls::pki_types::UnixTime::now())
+            .expect("chains to the CA");
+        let other = CertAuthority::generate("c2").expect("ca");
+        let foreign = other
+            .sign_csr(&csr("mallory", &[], vec![]), &usages, None)
+            .expect("signed");
+        let foreign = CertificateDer::from(first_pem_der(&foreign, "CERTIFICATE").expect("der"));
+        assert!(
+            verifier
+                .verify_client_cert(&foreign, &[], rustls::pki_types::UnixTime::now())
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn csr_signing_refusals() {
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let client = vec!["client auth".to_owned()];
+        let cases: Vec<(String, Vec<String>, Option<u32>, &str)> = vec![
+            (
+                csr("a", &[], vec![]),
+                vec!["digital signature".into()],
+                None,
+                "must include \"client auth\"",
+            ),
+            (
+                csr("a", &[], vec![]),
+                vec!["client auth".into(), "server auth".into()],
+                None,
+                "\"server auth\" is not allowed",
+            ),
+            (
+                csr("a", &[], vec!["a.example".into()]),
+                client.clone(),
+                None,
+                "subjectAltNames are not allowed",
+            ),
+            (csr("", &[], vec![]), client.clone(), None, "common name"),
+            (
+                csr("a", &[], vec![]),
+                client.clone(),
+                Some(599),
+                "less than 600 seconds",
+            ),
+            (
+                "-----BEGIN CERTIFICATE REQUEST-----\nAAAA\n-----END CERTIFICATE REQUEST-----\n"
+                    .into(),
+                client,
+                None,
+                "could not parse",
+            ),
+        ];
+        for (pem, usages, expiration, want) in cases {
+            let error = ca
+                .sign_csr(&pem, &usages, expiration)
+                .expect_err(want)
+                .to_string();
+            assert!(error.contains(want), "{error} should mention {want}");
+        }
+    }
+
+    #[test]
+    fn server_certificates_and_config() {
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let (cert, _) = ca
+            .issue_server_cert(&["api.c1.test".into(), "198.18.0.1".into()])
+            .expect("cert");
+        let der = first_pem_der(&cert, "CERTIFICATE").expect("der");
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).expect("parse");
+        let sans = parsed
+            .subject_alternative_name()
+            .expect("ext")
+            .expect("present")
+            .value;
+        let names: Vec<String> = sans.general_names.iter().map(|n| n.to_string()).collect();
+        for want in [
+            "DNSName(api.c1.test)",
+            "DNSName(localhost)",
+            "DNSName(kubernetes.default.svc)",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        assert!(
+            names.iter().any(|n| n == "IPAddress(c6:12:00:01)"),
+            "198.18.0.1 in {names:?}"
+        );
+        assert!(
+            names.iter().any(|n| n == "IPAddress(7f:00:00:01)"),
+            "127.0.0.1 in {names:?}"
+        );
+        let config = server_config(&ca, &["api.c1.test".into()]).expect("config");
+        assert_eq!(
+            config.alpn_protocols,
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+    }
+
+    #[test]
+    fn kubeconfigs_parse_as_kubeconfig() {
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let text = kubeconfig("c1", "https://127.0.0.1:6443", Some(&ca.ca_pem()), "tok");
+        let parsed: kube::config::Kubeconfig = serde_yaml::from_str(&text).expect("kubeconfig");
+        assert_eq!(parsed.current_context.as_deref(), Some("c1"));
+        let cluster = parsed.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(cluster.server.as_deref(), Some("https://127.0.0.1:6443"));
+        let ca_data = cluster
+            .certificate_authority_data
+            .as_deref()
+            .expect("ca data");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(ca_data)
+            .expect("b64");
+        assert_eq!(String::from_utf8(decoded).expect("utf8"), ca.ca_pem());
+        assert!(
+            parsed.auth_infos[0]
+                .auth_info
+                .as_ref()
+                .expect("user")
+                .token
+                .is_some()
+        );
+        let raw: serde_json::Value = serde_yaml::from_str(&text).expect("yaml");
+        assert_eq!(raw["users"][0]["user"]["token"], "tok");
+        assert_eq!(
+            raw["contexts"][0]["context"]["user"],
+            raw["users"][0]["name"]
+        );
+        let (cert, key) = ca
+            .issue_client_cert("u", &[], Duration::from_secs(60))
+            .expect("cert");
+        let text = kubeconfig_with_client_cert(
+            "c1",
+            "https://127.0.0.1:6443",
+            &ca.ca_pem(),
+            &cert,
+            &key,
+            "u",
+        );
+        let parsed: kube::config::Kubeconfig = serde_yaml::from_str(&text).expect("kubeconfig");
+        assert_eq!(parsed.auth_infos[0].name, "u");
+        assert!(
+            parsed.auth_infos[0]
+                .auth_info
+                .as_ref()
+                .expect("user")
+                .client_certificate_data
+                .is_some()
+        );
+        let plain = kubeconfig("c1", "http://127.0.0.1:8080", None, "tok");
+        assert!(!plain.contains("certificate-authority-data"));
+    }
 }
