@@ -721,3 +721,391 @@ fn kind_schema(rt: &ResourceType) -> Value {
     );
     schema
 }
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+    use kube::core::discovery::v2::APIGroupDiscoveryList;
+
+    use super::*;
+
+    fn widget_crd(versions: &[(&str, bool, bool)]) -> Value {
+        let versions: Vec<Value> = versions
+            .iter()
+            .map(|(name, served, storage)| {
+                json!({
+                    "name": name, "served": served, "storage": storage,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                        "spec": {"type": "object", "properties": {"size": {"type": "integer"}}}}}},
+                    "subresources": {"status": {}},
+                })
+            })
+            .collect();
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {
+                "group": "example.com",
+                "scope": "Namespaced",
+                "names": {"plural": "widgets", "kind": "Widget", "shortNames": ["wd"], "categories": ["all"]},
+                "versions": versions,
+            },
+        })
+    }
+
+    fn with_widgets(versions: &[(&str, bool, bool)]) -> Registry {
+        let types = crate::crd::types_from_crd(&widget_crd(versions)).expect("valid CRD");
+        Registry::with_builtins().with_crd_types("widgets.example.com", types)
+    }
+
+    #[test]
+    fn version_parses_as_version_info() {
+        let info: k8s_openapi::apimachinery::pkg::version::Info =
+            serde_json::from_value(version()).expect("Info");
+        assert_eq!((info.major.as_str(), info.minor.as_str()), ("1", "33"));
+        assert!(info.git_version.starts_with("v1.33."));
+        assert_eq!(info.platform, "linux/amd64");
+    }
+
+    #[test]
+    fn legacy_documents_parse_into_k8s_openapi_types() {
+        let reg = Registry::with_builtins();
+        let versions: meta::APIVersions =
+            serde_json::from_value(legacy_api_versions()).expect("APIVersions");
+        assert_eq!(versions.versions, ["v1"]);
+        let groups: meta::APIGroupList =
+            serde_json::from_value(api_group_list(&reg)).expect("APIGroupList");
+        let names: Vec<&str> = groups.groups.iter().map(|g| g.name.as_str()).collect();
+        expect![[r#"
+            apiextensions.k8s.io apps authorization.k8s.io certificates.k8s.io coordination.k8s.io discovery.k8s.io events.k8s.io rbac.authorization.k8s.io"#]]
+        .assert_eq(&names.join(" "));
+        let apps: meta::APIGroup =
+            serde_json::from_value(api_group(&reg, "apps").expect("apps")).expect("APIGroup");
+        assert_eq!(
+            apps.preferred_version.map(|p| p.group_version),
+            Some("apps/v1".to_owned())
+        );
+        assert!(api_group(&reg, "nope.example.com").is_none());
+        assert!(api_resource_list(&reg, "apps", "v2").is_none());
+    }
+
+    /// One line per discovery row: name, scope, kind (with group/version if foreign), verbs,
+    /// short names and categories.
+    fn summarize(list: &meta::APIResourceList) -> String {
+        list.resources
+            .iter()
+            .map(|r| {
+                let foreign = match (&r.group, &r.version) {
+                    (Some(g), Some(v)) => format!(" ({g}/{v})"),
+                    _ => String::new(),
+                };
+                format!(
+                    "{} ns={} {}{foreign} [{}] short={:?} cat={:?}",
+                    r.name,
+                    r.namespaced,
+                    r.kind,
+                    r.verbs.join(","),
+                    r.short_names.clone().unwrap_or_default(),
+                    r.categories.clone().unwrap_or_default(),
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn core_v1_resource_list_matches_the_real_server() {
+        let reg = Registry::with_builtins();
+        let list: meta::APIResourceList =
+            serde_json::from_value(api_resource_list(&reg, "", "v1").expect("core"))
+                .expect("APIResourceList");
+        assert_eq!(list.group_version, "v1");
+        expect![[r#"
+            configmaps ns=true ConfigMap [create,delete,deletecollection,get,list,patch,update,watch] short=["cm"] cat=[]
+            endpoints ns=true Endpoints [create,delete,deletecollection,get,list,patch,update,watch] short=["ep"] cat=[]
+            events ns=true Event [create,delete,deletecollection,get,list,patch,update,watch] short=["ev"] cat=[]
+            namespaces ns=false Namespace [create,delete,get,list,patch,update,watch] short=["ns"] cat=[]
+            namespaces/finalize ns=false Namespace [update] short=[] cat=[]
+            namespaces/status ns=false Namespace [get,patch,update] short=[] cat=[]
+            nodes ns=false Node [create,delete,deletecollection,get,list,patch,update,watch] short=["no"] cat=[]
+            nodes/status ns=false Node [get,patch,update] short=[] cat=[]
+            pods ns=true Pod [create,delete,deletecollection,get,list,patch,update,watch] short=["po"] cat=["all"]
+            pods/binding ns=true Binding [create] short=[] cat=[]
+            pods/eviction ns=true Eviction (policy/v1) [create] short=[] cat=[]
+            pods/exec ns=true PodExecOptions [create,get] short=[] cat=[]
+            pods/log ns=true Pod [get] short=[] cat=[]
+            pods/status ns=true Pod [get,patch,update] short=[] cat=[]
+            secrets ns=true Secret [create,delete,deletecollection,get,list,patch,update,watch] short=[] cat=[]
+            serviceaccounts ns=true ServiceAccount [create,delete,deletecollection,get,list,patch,update,watch] short=["sa"] cat=[]
+            serviceaccounts/token ns=true TokenRequest (authentication.k8s.io/v1) [create] short=[] cat=[]
+            services ns=true Service [create,delete,deletecollection,get,list,patch,update,watch] short=["svc"] cat=["all"]
+            services/status ns=true Service [get,patch,update] short=[] cat=[]"#]]
+        .assert_eq(&summarize(&list));
+    }
+
+    #[test]
+    fn group_resource_lists_carry_subresources_and_create_only_reviews() {
+        let reg = Registry::with_builtins();
+        let apps: meta::APIResourceList =
+            serde_json::from_value(api_resource_list(&reg, "apps", "v1").expect("apps"))
+                .expect("APIResourceList");
+        expect![[r#"
+            deployments ns=true Deployment [create,delete,deletecollection,get,list,patch,update,watch] short=["deploy"] cat=["all"]
+            deployments/scale ns=true Scale (autoscaling/v1) [get,patch,update] short=[] cat=[]
+            deployments/status ns=true Deployment [get,patch,update] short=[] cat=[]
+            replicasets ns=true ReplicaSet [create,delete,deletecollection,get,list,patch,update,watch] short=["rs"] cat=["all"]
+            replicasets/scale ns=true Scale (autoscaling/v1) [get,patch,update] short=[] cat=[]
+            replicasets/status ns=true ReplicaSet [get,patch,update] short=[] cat=[]"#]]
+        .assert_eq(&summarize(&apps));
+        let authz: meta::APIResourceList = serde_json::from_value(
+            api_resource_list(&reg, "authorization.k8s.io", "v1").expect("authz"),
+        )
+        .expect("APIResourceList");
+        expect![[
+            r#"selfsubjectaccessreviews ns=false SelfSubjectAccessReview [create] short=[] cat=[]"#
+        ]]
+        .assert_eq(&summarize(&authz));
+        let csr = api_resource_list(&reg, "certificates.k8s.io", "v1").expect("csr");
+        let names: Vec<&str> = csr["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .filter_map(|r| r["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "certificatesigningrequests",
+                "certificatesigningrequests/approval",
+                "certificatesigningrequests/status"
+            ]
+        );
+    }
+
+    #[test]
+    fn aggregated_discovery_parses_into_kube_types() {
+        let reg = with_widgets(&[("v1", true, true)]);
+        let core: APIGroupDiscoveryList =
+            serde_json::from_value(aggregated(&reg, true)).expect("core list");
+        assert_eq!(core.items.len(), 1);
+        let pods = core.items[0].versions[0]
+            .resources
+            .iter()
+            .find(|r| r.resource.as_deref() == Some("pods"))
+            .expect("pods");
+        let subs: Vec<&str> = pods
+            .subresources
+            .iter()
+            .filter_map(|s| s.subresource.as_deref())
+            .collect();
+        assert_eq!(subs, ["binding", "eviction", "exec", "log", "status"]);
+        assert_eq!(pods.scope.as_deref(), Some("Namespaced"));
+
+        let groups: APIGroupDiscoveryList =
+            serde_json::from_value(aggregated(&reg, false)).expect("groups list");
+        let example = groups
+            .items
+            .iter()
+            .find(|g| g.metadata.as_ref().and_then(|m| m.name.as_deref()) == Some("example.com"))
+            .expect("CRD group listed");
+        let widgets = &example.versions[0].resources[0];
+        assert_eq!(widgets.resource.as_deref(), Some("widgets"));
+        assert_eq!(widgets.short_names, ["wd"]);
+        assert_eq!(
+            widgets.verbs,
+            [
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "create",
+                "update",
+                "watch"
+            ]
+        );
+        assert_eq!(
+            groups
+                .items
+                .last()
+                .and_then(|g| g.metadata.clone())
+                .and_then(|m| m.name),
+            Some("example.com".into())
+        );
+    }
+
+    #[test]
+    fn versions_sort_by_kubernetes_priority() {
+        let mut v = vec![
+            "v1alpha1",
+            "v2beta1",
+            "foo",
+            "v1",
+            "v1beta2",
+            "v1beta1",
+            "v10",
+            "v2",
+            "v11alpha2",
+            "bar",
+        ];
+        v.sort_by(|a, b| compare_versions(a, b));
+        expect!["v10 v2 v1 v2beta1 v1beta2 v1beta1 v11alpha2 v1alpha1 bar foo"]
+            .assert_eq(&v.join(" "));
+    }
+
+    #[test]
+    fn crd_versions_appear_in_preference_order_with_the_preferred_first() {
+        let reg = with_widgets(&[
+            ("v1alpha1", true, false),
+            ("v1beta1", true, false),
+            ("v1", true, true),
+            ("v2alpha1", false, false),
+        ]);
+        let group: meta::APIGroup =
+            serde_json::from_value(api_group(&reg, "example.com").expect("group"))
+                .expect("APIGroup");
+        let versions: Vec<&str> = group.versions.iter().map(|v| v.version.as_str()).collect();
+        assert_eq!(
+            versions,
+            ["v1", "v1beta1", "v1alpha1"],
+            "unserved v2alpha1 must not appear"
+        );
+        assert_eq!(
+            group.preferred_version.map(|p| p.version),
+            Some("v1".to_owned())
+        );
+        let agg = aggregated(&reg, false);
+        let item = agg["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .find(|i| i["metadata"]["name"] == "example.com")
+            .expect("group");
+        let agg_versions: Vec<&str> = item["versions"]
+            .as_array()
+            .expect("versions")
+            .iter()
+            .filter_map(|v| v["version"].as_str())
+            .collect();
+        assert_eq!(agg_versions, ["v1", "v1beta1", "v1alpha1"]);
+    }
+
+    #[test]
+    fn openapi_v3_lets_kubectl_find_field_validation_for_every_patchable_kind() {
+        let reg = with_widgets(&[("v1", true, true)]);
+        let root = openapi_v3_root(&reg);
+        let paths = root["paths"].as_object().expect("paths");
+        assert!(paths.contains_key("api/v1"));
+        assert!(paths.contains_key("apis/apps/v1"));
+        assert!(paths.contains_key("apis/example.com/v1"));
+        for (gv_path, entry) in paths {
+            let url = entry["serverRelativeURL"].as_str().expect("url");
+            assert!(
+                url.starts_with(&format!("/openapi/v3/{gv_path}?hash=")),
+                "{url}"
+            );
+            let doc = openapi_v3_group_version(&reg, url).expect("document served");
+            let (group, version) = match gv_path.split('/').collect::<Vec<_>>().as_slice() {
+                ["api", v] => (String::new(), (*v).to_owned()),
+                ["apis", g, v] => ((*g).to_owned(), (*v).to_owned()),
+                other => panic!("unexpected path {other:?}"),
+            };
+            for t in types_in(&reg, &group, &version)
+                .into_iter()
+                .filter(|t| t.supports("patch"))
+            {
+                let found = doc["paths"]
+                    .as_object()
+                    .expect("paths")
+                    .values()
+                    .any(|item| {
+                        let op = &item["patch"];
+                        op["x-kubernetes-group-version-kind"] == gvk(&t.group, &t.version, &t.kind)
+                            && op["parameters"].as_array().is_some_and(|ps| {
+                                ps.iter()
+                                    .any(|p| p["name"] == "fieldValidation" && p["in"] == "query")
+                            })
+                    });
+                assert!(
+                    found,
+                    "no PATCH with fieldValidation for {}/{}",
+                    gv_path, t.kind
+                );
+                let schema = &doc["components"]["schemas"][schema_name(t)];
+                assert_eq!(
+                    schema["x-kubernetes-group-version-kind"][0]["kind"],
+                    json!(t.kind)
+                );
+                // kubectl must not try to build strategic merge patches from these schemas.
+                assert!(
+                    doc["paths"]
+                        .as_object()
+                        .expect("paths")
+                        .values()
+                        .all(|item| item["patch"]["requestBody"]["content"]
+                            .get("application/strategic-merge-patch+json")
+                            .is_none())
+                );
+            }
+        }
+        let widget = openapi_v3_group_version(&reg, "apis/example.com/v1").expect("doc");
+        let schema = &widget["components"]["schemas"]["com.example.v1.Widget"];
+        assert_eq!(
+            schema["properties"]["spec"]["properties"]["size"]["type"],
+            "integer"
+        );
+        assert!(
+            widget["paths"]
+                .get("/apis/example.com/v1/namespaces/{namespace}/widgets/{name}/status")
+                .is_some()
+        );
+        assert!(openapi_v3_group_version(&reg, "apis/example.com/v9").is_none());
+        assert!(openapi_v3_group_version(&reg, "garbage").is_none());
+    }
+
+    #[test]
+    fn openapi_hashes_change_only_for_the_changed_group_version() {
+        let before = openapi_v3_root(&with_widgets(&[("v1", true, true)]));
+        let after = openapi_v3_root(&with_widgets(&[
+            ("v1", true, true),
+            ("v1beta1", true, false),
+        ]));
+        assert_eq!(before["paths"]["api/v1"], after["paths"]["api/v1"]);
+        assert_eq!(
+            before["paths"]["apis/example.com/v1"],
+            after["paths"]["apis/example.com/v1"]
+        );
+        assert!(after["paths"].get("apis/example.com/v1beta1").is_some());
+        assert!(before["paths"].get("apis/example.com/v1beta1").is_none());
+
+        let mut changed = widget_crd(&[("v1", true, true)]);
+        changed["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["color"] = json!({"type": "string"});
+        let types = crate::crd::types_from_crd(&changed).expect("valid CRD");
+        let reg = Registry::with_builtins().with_crd_types("widgets.example.com", types);
+        let changed = openapi_v3_root(&reg);
+        assert_ne!(
+            before["paths"]["apis/example.com/v1"],
+            changed["paths"]["apis/example.com/v1"]
+        );
+    }
+
+    #[test]
+    fn storage_version_hash_is_stable_and_names_the_storage_version() {
+        let reg = with_widgets(&[("v1", true, true), ("v1beta1", true, false)]);
+        let v1 = api_resource_list(&reg, "example.com", "v1").expect("v1");
+        let beta = api_resource_list(&reg, "example.com", "v1beta1").expect("v1beta1");
+        assert_eq!(
+            v1["resources"][0]["storageVersionHash"],
+            beta["resources"][0]["storageVersionHash"]
+        );
+        assert_eq!(
+            v1["resources"][0]["storageVersionHash"]
+                .as_str()
+                .map(str::len),
+            Some(12)
+        );
+    }
+}
