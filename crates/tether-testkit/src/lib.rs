@@ -23,7 +23,7 @@ pub use preflight::{
 pub use process::{DEFAULT_STOP_TIMEOUT, ProcessGuard};
 pub use topology::{
     Cluster, ClusterSpec, GATEWAY_POD_INTERFACE, GATEWAY_UNDERLAY_INTERFACE, POD_INTERFACE,
-    Topology, TopologyBuilder,
+    Topology, TopologyBuilder, veth_pair,
 };
 
 #[doc(hidden)]

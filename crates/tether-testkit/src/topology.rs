@@ -298,6 +298,14 @@ fn host_cidr(net: Ipv4Net, n: u32) -> String {
     format!("{}/{}", nth_host(net, n), net.prefix_len())
 }
 
+/// Creates a veth pair with one end in each namespace, sets its MTU and brings both ends up
+/// (for ad-hoc links a test needs beyond its topology, such as a stand-in for a tunnel).
+pub fn veth_pair(a: &Netns, a_name: &str, b: &Netns, b_name: &str, mtu: u32) -> Result<()> {
+    veth(a, a_name, b, b_name, mtu)?;
+    up(a, a_name)?;
+    up(b, b_name)
+}
+
 /// Creates a veth pair with one end in each namespace (both down, MTU set).
 fn veth(a: &Netns, a_name: &str, b: &Netns, b_name: &str, mtu: u32) -> Result<()> {
     // Creating both ends directly inside their namespaces avoids name clashes in the caller's.
