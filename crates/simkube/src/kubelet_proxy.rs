@@ -617,10 +617,18 @@ fn to_client(message: WsMessage) -> Option<AxumMessage> {
         WsMessage::Text(t) => AxumMessage::Text(t.as_str().into()),
         WsMessage::Ping(p) => AxumMessage::Ping(p),
         WsMessage::Pong(p) => AxumMessage::Pong(p),
-        WsMessage::Close(frame) => AxumMessage::Close(frame.map(|f| CloseFrame {
-            code: f.code.into(),
-            reason: f.reason.as_str().into(),
-        })),
+        // A close without a status reads as an abnormal 1005 to client-go ("close 1005 (no
+        // status)"); kube-apiserver always ends an exec stream with a normal closure.
+        WsMessage::Close(frame) => AxumMessage::Close(Some(frame.map_or(
+            CloseFrame {
+                code: axum::extract::ws::close_code::NORMAL,
+                reason: "".into(),
+            },
+            |f| CloseFrame {
+                code: f.code.into(),
+                reason: f.reason.as_str().into(),
+            },
+        ))),
         WsMessage::Frame(_) => return None,
     })
 }

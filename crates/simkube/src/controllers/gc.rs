@@ -779,7 +779,9 @@ async fn execute(
         let Some((live, obj)) = live_graph(client, graph, scopes, watched, subject).await? else {
             return Ok(());
         };
-        if !live.decide(subject, scopes).contains(action) {
+        // Planning the whole small graph covers decisions taken from the subject's side and
+        // from its owners' side (orphaning strips references from the dependent).
+        if !live.plan(scopes).contains(action) {
             tracing::debug!(
                 ?action,
                 "garbage collector: decision changed on live data; skipped"
