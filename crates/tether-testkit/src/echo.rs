@@ -1,12 +1,13 @@
-//! A TCP echo server and client that run inside namespaces and report the addresses each side
+//! TCP and UDP echo servers and clients that run inside namespaces and report the addresses each side
 //! saw, which is how a test proves that a remap (NAT) happened on the path.
 //!
 //! Protocol: the client sends its payload and shuts down its write half; the server answers with
 //! the client address it saw on one line, then the payload, and closes. Payloads of any size work,
 //! so a large payload exercises MTU handling.
 
+use std::io::ErrorKind;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -144,25 +145,160 @@ fn exchange(server: SocketAddr, payload: &[u8], timeout: Duration) -> std::io::R
     stream.shutdown(Shutdown::Write)?;
     let mut answer = Vec::new();
     stream.read_to_end(&mut answer)?;
-    let newline = answer.iter().position(|&b| b == b'\n').ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "echo answer has no address line",
-        )
-    })?;
-    let seen_as = std::str::from_utf8(&answer[..newline])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| {
-            std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "echo answer has a bad address",
-            )
-        })?;
+    let (seen_as, payload) = split_answer(&answer)?;
     Ok(EchoReply {
         seen_as,
         local,
         remote: server,
-        payload: answer[newline + 1..].to_vec(),
+        payload,
     })
+}
+
+/// A UDP echo server on a thread inside a namespace: every datagram is answered with the
+/// sender's address on one line followed by the payload. Stopped on drop.
+#[derive(Debug)]
+pub struct UdpEchoServer {
+    local: SocketAddr,
+    stop: Arc<AtomicBool>,
+    peers: Arc<Mutex<Vec<SocketAddr>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl UdpEchoServer {
+    /// Binds `bind` inside `ns` (port 0 picks a free port) and starts answering.
+    pub fn start(ns: &Netns, bind: SocketAddr) -> Result<Self> {
+        let socket = ns
+            .run(|| {
+                let socket = UdpSocket::bind(bind)?;
+                socket.set_read_timeout(Some(Duration::from_millis(20)))?;
+                Ok::<_, std::io::Error>(socket)
+            })
+            .map_err(|e| {
+                Error::io(
+                    format!("bind UDP echo server on {bind} in {}", ns.name()),
+                    e,
+                )
+            })?;
+        let local = socket
+            .local_addr()
+            .map_err(|e| Error::io("echo server address", e))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let peers = Arc::new(Mutex::new(Vec::new()));
+        let thread = {
+            let (stop, peers) = (Arc::clone(&stop), Arc::clone(&peers));
+            ns.spawn_thread(move || serve_udp(&socket, &stop, &peers))?
+        };
+        Ok(Self {
+            local,
+            stop,
+            peers,
+            thread: Some(thread),
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Sender addresses seen so far, in order (one per datagram).
+    pub fn peers(&self) -> Vec<SocketAddr> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl Drop for UdpEchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_udp(socket: &UdpSocket, stop: &AtomicBool, peers: &Mutex<Vec<SocketAddr>>) {
+    let mut buffer = vec![0u8; 65536];
+    while !stop.load(Ordering::Relaxed) {
+        match socket.recv_from(&mut buffer) {
+            Ok((len, peer)) => {
+                peers.lock().unwrap_or_else(|p| p.into_inner()).push(peer);
+                let mut answer = format!("{peer}\n").into_bytes();
+                answer.extend_from_slice(&buffer[..len]);
+                if let Err(error) = socket.send_to(&answer, peer) {
+                    tracing::debug!(%peer, %error, "UDP echo reply failed");
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(error) => {
+                tracing::debug!(%error, "UDP echo receive failed");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Sends `payload` from inside `ns` to a UDP echo server, resending every 200 ms (datagrams may
+/// be lost while a tunnel comes up) until an answer arrives or `timeout` passes.
+pub fn udp_echo(
+    ns: &Netns,
+    server: SocketAddr,
+    payload: &[u8],
+    timeout: Duration,
+) -> Result<EchoReply> {
+    ns.run(|| udp_exchange(server, payload, timeout))
+        .map_err(|e| Error::io(format!("UDP echo to {server} from {}", ns.name()), e))
+}
+
+fn udp_exchange(
+    server: SocketAddr,
+    payload: &[u8],
+    timeout: Duration,
+) -> std::io::Result<EchoReply> {
+    let socket = UdpSocket::bind(("0.0.0.0", 0))?;
+    socket.connect(server)?;
+    socket.set_read_timeout(Some(Duration::from_millis(200)))?;
+    let local = socket.local_addr()?;
+    let deadline = std::time::Instant::now() + timeout;
+    let mut buffer = vec![0u8; 65536];
+    loop {
+        socket.send(payload)?;
+        match socket.recv(&mut buffer) {
+            Ok(len) => {
+                let (seen_as, payload) = split_answer(&buffer[..len])?;
+                return Ok(EchoReply {
+                    seen_as,
+                    local,
+                    remote: server,
+                    payload,
+                });
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            // ICMP unreachable while routes settle: keep trying until the deadline.
+            Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => return Err(e),
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(std::io::Error::new(
+                ErrorKind::TimedOut,
+                "no UDP echo answer",
+            ));
+        }
+    }
+}
+
+/// Splits an echo answer into the address line and the payload.
+fn split_answer(answer: &[u8]) -> std::io::Result<(SocketAddr, Vec<u8>)> {
+    let bad =
+        |what: &str| std::io::Error::new(ErrorKind::InvalidData, format!("echo answer {what}"));
+    let newline = answer
+        .iter()
+        .position(|&b| b == b'\n')
+        .ok_or_else(|| bad("has no address line"))?;
+    let seen_as = std::str::from_utf8(&answer[..newline])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("has a bad address"))?;
+    Ok((seen_as, answer[newline + 1..].to_vec()))
 }

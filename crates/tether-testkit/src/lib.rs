@@ -13,7 +13,7 @@ mod process;
 mod sys;
 mod topology;
 
-pub use echo::{EchoReply, TcpEchoServer, tcp_echo};
+pub use echo::{EchoReply, TcpEchoServer, UdpEchoServer, tcp_echo, udp_echo};
 pub use error::{Error, Result};
 pub use eventually::{POLL_INTERVAL, patience};
 pub use netns::{NAME_PREFIX, Netns, list_namespaces, own_namespaces, sweep_stale_namespaces};

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use tether_testkit::{
-    ClusterSpec, Netns, TcpEchoServer, Topology, list_namespaces, require_root_or_skip,
-    require_tools_or_skip, sweep_stale_namespaces, tcp_echo,
+    ClusterSpec, Netns, TcpEchoServer, Topology, UdpEchoServer, list_namespaces,
+    require_root_or_skip, require_tools_or_skip, sweep_stale_namespaces, tcp_echo, udp_echo,
 };
 
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -131,6 +131,16 @@ fn nat_router_masquerades_the_gateway() {
     assert_ne!(b.public_ip(), b.gateway_underlay_ip());
     assert_eq!(natted.payload, b"from behind nat");
     assert_eq!(server.peers().len(), 2);
+
+    // UDP is masqueraded too (the WireGuard case), and the reply finds its way back.
+    let udp = UdpEchoServer::start(
+        topo.underlay(),
+        SocketAddr::new(IpAddr::V4(topo.underlay_ip()), 0),
+    )
+    .unwrap();
+    let reply = udp_echo(b.gateway(), udp.local_addr(), b"datagram", TIMEOUT).unwrap();
+    assert_eq!(reply.seen_as.ip(), IpAddr::V4(b.public_ip()));
+    assert_eq!(reply.payload, b"datagram");
 }
 
 #[test]
