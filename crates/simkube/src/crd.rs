@@ -119,6 +119,12 @@ fn render(v: &Value) -> String {
     match v {
         Value::String(s) => format!("{s:?}"),
         Value::Null => "null".to_owned(),
+        // Go prints whole float64s without a fraction (`1`, not `1.0`); typed clients send
+        // schema bounds such as `minimum` as floats.
+        Value::Number(n) if !n.is_i64() && !n.is_u64() => match n.as_f64() {
+            Some(f) if f.fract() == 0.0 && f.abs() < 9e15 => format!("{}", f as i64),
+            _ => n.to_string(),
+        },
         other => other.to_string(),
     }
 }
