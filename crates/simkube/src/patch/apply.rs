@@ -234,7 +234,11 @@ fn item_pe(lt: &ListType, index: usize, item: &Value) -> PathElement {
         ListType::Map(keys) => {
             let fields: Vec<(String, Value)> = keys
                 .iter()
-                .filter_map(|k| item.get(k).map(|v| (k.clone(), v.clone())))
+                .filter_map(|(k, default)| {
+                    item.get(k)
+                        .or(default.as_ref())
+                        .map(|v| (k.clone(), v.clone()))
+                })
                 .collect();
             if fields.is_empty() {
                 PathElement::Index(index)

@@ -94,8 +94,9 @@ pub enum ListType {
     Atomic,
     /// Scalars, each owned separately (`v:` path elements).
     Set,
-    /// Objects keyed by these fields (`k:` path elements).
-    Map(Vec<String>),
+    /// Objects keyed by these fields (`k:` path elements), each with the default value the
+    /// schema gives it, used when an element omits that key (as `protocol: TCP` for ports).
+    Map(Vec<(String, Option<Value>)>),
 }
 
 /// What a field of a built-in struct holds.
@@ -114,7 +115,8 @@ pub enum Field {
     List {
         /// Strategic merge patch behaviour.
         smp: Smp,
-        /// Apply list type keys; empty for atomic, `&["*"]` marks a set.
+        /// Apply list type keys; empty for atomic, `&["*"]` marks a set; `key=value` gives a
+        /// key's default.
         ssa: &'static [&'static str],
         /// Element type when the elements are described structs.
         elem: Option<Ty>,
@@ -249,9 +251,11 @@ pub fn field(ty: Ty, name: &str) -> Field {
         )),
         (T::PodSpec, "tolerations" | "readinessGates") => Some(replace(ATOMIC, None)),
         (T::PodSpec, "nodeSelector") => Some(Field::Map { atomic: true }),
-        (T::Container, "ports") => {
-            Some(merge("containerPort", &["containerPort", "protocol"], None))
-        }
+        (T::Container, "ports") => Some(merge(
+            "containerPort",
+            &["containerPort", "protocol=TCP"],
+            None,
+        )),
         (T::Container, "env") => Some(merge("name", &["name"], None)),
         (T::Container, "volumeMounts") => Some(merge("mountPath", &["mountPath"], None)),
         (T::Container, "volumeDevices") => Some(merge("devicePath", &["devicePath"], None)),
@@ -265,7 +269,7 @@ pub fn field(ty: Ty, name: &str) -> Field {
         (T::Service | T::Namespace | T::WithConditions, "status") => {
             Some(Field::Struct(T::ConditionsStatus))
         }
-        (T::ServiceSpec, "ports") => Some(merge("port", &["port", "protocol"], None)),
+        (T::ServiceSpec, "ports") => Some(merge("port", &["port", "protocol=TCP"], None)),
         (T::ServiceSpec, "selector") => Some(Field::Map { atomic: true }),
 
         (T::Node, "spec") => Some(Field::Struct(T::NodeSpec)),
@@ -435,7 +439,16 @@ impl<'a> Node<'a> {
                 } else if *ssa == SET {
                     ListType::Set
                 } else {
-                    ListType::Map(ssa.iter().map(|k| (*k).to_owned()).collect())
+                    ListType::Map(
+                        ssa.iter()
+                            .map(|k| match k.split_once('=') {
+                                Some((name, default)) => {
+                                    (name.to_owned(), Some(Value::from(default)))
+                                }
+                                None => ((*k).to_owned(), None),
+                            })
+                            .collect(),
+                    )
                 };
                 let el = match (elem, atomic_elem) {
                     (_, true) => Field::Atomic,
@@ -456,7 +469,15 @@ impl<'a> Node<'a> {
                             .map(|ks| {
                                 ks.iter()
                                     .filter_map(Value::as_str)
-                                    .map(str::to_owned)
+                                    .map(|k| {
+                                        let default = s
+                                            .get("items")
+                                            .and_then(|i| i.get("properties"))
+                                            .and_then(|p| p.get(k))
+                                            .and_then(|p| p.get("default"))
+                                            .cloned();
+                                        (k.to_owned(), default)
+                                    })
                                     .collect()
                             })
                             .unwrap_or_default(),

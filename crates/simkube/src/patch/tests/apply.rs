@@ -529,3 +529,85 @@ fn fieldsets_round_trip_through_fields_v1() {
     assert!(paths.contains(&".metadata.labels".to_owned()), "{paths:?}");
     assert!(FieldSet::from_fields_v1(&json!({"x:bad": {}})).is_err());
 }
+
+#[test]
+fn map_list_keys_take_schema_defaults() {
+    let rt = builtin("apps", "Deployment");
+    let port = |p: Value| deployment(json!([{"name": "app", "image": "i", "ports": p}]), None);
+    let mut live = apply(None, &port(json!([{"containerPort": 80}])), "a", false, &rt).unwrap();
+    // the server defaults the protocol after apply
+    live["spec"]["template"]["spec"]["containers"][0]["ports"][0]["protocol"] = json!("TCP");
+    let again = apply(
+        Some(&live),
+        &port(json!([{"containerPort": 80, "name": "http"}])),
+        "a",
+        false,
+        &rt,
+    )
+    .unwrap();
+    assert_eq!(
+        again["spec"]["template"]["spec"]["containers"][0]["ports"],
+        json!([{"containerPort": 80, "protocol": "TCP", "name": "http"}]),
+        "one element: the applied port without protocol is the live TCP port"
+    );
+    let ports = &entry(&again, "a").unwrap()["fieldsV1"]["f:spec"]["f:template"]["f:spec"]["f:containers"]
+        ["k:{\"name\":\"app\"}"]["f:ports"];
+    assert_eq!(
+        ports,
+        &json!({"k:{\"containerPort\":80,\"protocol\":\"TCP\"}": {".": {}, "f:containerPort": {}, "f:name": {}}})
+    );
+}
+
+mod properties {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::{T0, T1, builtin, cm};
+    use crate::patch::server_side_apply;
+
+    fn data() -> impl Strategy<Value = BTreeMap<String, String>> {
+        prop::collection::btree_map("[a-e]", "[x-z]", 0..5)
+    }
+
+    proptest! {
+        #[test]
+        fn a_sole_applier_gets_exactly_its_configuration(first in data(), second in data()) {
+            let rt = builtin("", "ConfigMap");
+            let one = server_side_apply(None, &cm(json!(first)), "m", false, T0, &rt).unwrap();
+            let two = server_side_apply(Some(&one), &cm(json!(second)), "m", false, T1, &rt).unwrap();
+            let got = two.get("data").cloned().unwrap_or(Value::Null);
+            if second.is_empty() {
+                // `data: {}` is itself owned and stays as an empty map
+                prop_assert_eq!(got, json!({}));
+            } else {
+                prop_assert_eq!(got, json!(second));
+            }
+            // applying the same configuration again changes nothing
+            let three = server_side_apply(Some(&two), &cm(json!(second)), "m", false, "2027-01-01T00:00:00Z", &rt).unwrap();
+            prop_assert_eq!(three, two);
+        }
+
+        #[test]
+        fn disjoint_appliers_never_conflict_and_keep_their_own(a in data(), b in data()) {
+            let rt = builtin("", "ConfigMap");
+            let b: BTreeMap<String, String> = b.into_iter().map(|(k, v)| (format!("b{k}"), v)).collect();
+            let one = server_side_apply(None, &cm(json!(a)), "ma", false, T0, &rt).unwrap();
+            let two = server_side_apply(Some(&one), &cm(json!(b)), "mb", false, T1, &rt).unwrap();
+            let mut both = a.clone();
+            both.extend(b.clone());
+            if !both.is_empty() {
+                prop_assert_eq!(&two["data"], &json!(both));
+            }
+            // ma dropping everything leaves exactly mb's keys
+            let three = server_side_apply(Some(&two), &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "d"}}), "ma", false, T1, &rt).unwrap();
+            let left = three.get("data").cloned().unwrap_or(json!({}));
+            if b.is_empty() && !a.is_empty() {
+                prop_assert_eq!(left, json!({}));
+            } else if !b.is_empty() {
+                prop_assert_eq!(left, json!(b));
+            }
+        }
+    }
+}

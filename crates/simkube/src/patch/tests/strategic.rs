@@ -361,3 +361,48 @@ fn strategic_merge_patch_does_not_modify_its_input() {
     );
     assert_eq!(original, copy);
 }
+
+mod properties {
+    use proptest::prelude::*;
+    use serde_json::{Map, Value, json};
+
+    use super::super::super::{merge_patch, strategic_merge_patch};
+
+    /// Objects of scalars and nested objects, no lists (where SMP and merge patch differ on
+    /// purpose), keys without directives.
+    fn tree(nulls: bool) -> impl Strategy<Value = Value> {
+        let leaf = if nulls {
+            prop_oneof![
+                Just(Value::Null),
+                "[a-c]".prop_map(Value::String),
+                (0i64..3).prop_map(|n| json!(n))
+            ]
+            .boxed()
+        } else {
+            prop_oneof![
+                "[a-c]".prop_map(Value::String),
+                (0i64..3).prop_map(|n| json!(n))
+            ]
+            .boxed()
+        };
+        leaf.prop_recursive(3, 20, 4, |inner| {
+            prop::collection::btree_map("[a-d]", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect::<Map<String, Value>>()))
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn without_lists_strategic_merge_is_a_merge_patch(
+            data in tree(false),
+            patch in tree(true),
+        ) {
+            let original = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": data});
+            let patch = json!({"data": patch});
+            let mut want = original.clone();
+            merge_patch(&mut want, &patch);
+            let got = strategic_merge_patch(&original, &patch, "v1", "ConfigMap").unwrap();
+            prop_assert_eq!(got, want);
+        }
+    }
+}
