@@ -493,3 +493,113 @@ async fn strategic_patch_on_a_custom_resource_is_unsupported_media_type() {
     );
     c.shutdown().await;
 }
+
+/// The controller pattern: spec applied by one manager, status applied through `/status` by
+/// the controller, neither clobbering the other.
+#[tokio::test(flavor = "multi_thread")]
+async fn status_apply_through_the_subresource_keeps_spec_and_records_the_subresource() {
+    let c = cluster().await;
+    let client = c.client();
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "peers.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": "peers", "singular": "peer", "kind": "Peer", "listKind": "PeerList"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
+                    "spec": {"type": "object", "properties": {"endpoint": {"type": "string"}}},
+                    "status": {"type": "object", "properties": {
+                        "phase": {"type": "string"},
+                        "conditions": {"type": "array", "x-kubernetes-list-type": "map",
+                                       "x-kubernetes-list-map-keys": ["type"],
+                                       "items": {"type": "object", "properties": {
+                                           "type": {"type": "string"}, "status": {"type": "string"}}}}
+                    }}
+                }}}
+            }]
+        }
+    }))
+    .expect("crd");
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", "Peer"),
+        "peers",
+    );
+    let api: Api<DynamicObject> = Api::default_namespaced_with(client, &ar);
+    let spec_cfg = json!({"apiVersion": "example.com/v1", "kind": "Peer", "metadata": {"name": "p"},
+                          "spec": {"endpoint": "198.18.0.1:51820"}});
+    let mut served = false;
+    for _ in 0..100 {
+        if api
+            .patch(
+                "p",
+                &PatchParams::apply("cli"),
+                &Patch::Apply(spec_cfg.clone()),
+            )
+            .await
+            .is_ok()
+        {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the Peer type is served");
+
+    let status_cfg = |phase: &str, ready: &str| {
+        json!({"apiVersion": "example.com/v1", "kind": "Peer", "metadata": {"name": "p"},
+               "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]}})
+    };
+    let st = api
+        .patch_status(
+            "p",
+            &PatchParams::apply("controller").force(),
+            &Patch::Apply(status_cfg("Connected", "True")),
+        )
+        .await
+        .expect("status apply");
+    assert_eq!(st.data["spec"]["endpoint"], "198.18.0.1:51820");
+    assert_eq!(st.data["status"]["phase"], "Connected");
+    let entries = st.metadata.managed_fields.clone().expect("managedFields");
+    let ctrl = entries
+        .iter()
+        .find(|e| e.manager.as_deref() == Some("controller"))
+        .expect("controller entry");
+    assert_eq!(ctrl.subresource.as_deref(), Some("status"));
+    assert_eq!(
+        ctrl.fields_v1.as_ref().expect("fieldsV1").0,
+        json!({"f:status": {
+            "f:conditions": {"k:{\"type\":\"Ready\"}": {".": {}, "f:status": {}, "f:type": {}}},
+            "f:phase": {}
+        }})
+    );
+
+    // re-applying the spec does not touch the status, and vice versa
+    let again = api
+        .patch("p", &PatchParams::apply("cli"), &Patch::Apply(spec_cfg))
+        .await
+        .expect("spec re-apply");
+    assert_eq!(again.data["status"]["phase"], "Connected");
+    let st2 = api
+        .patch_status(
+            "p",
+            &PatchParams::apply("controller").force(),
+            &Patch::Apply(status_cfg("Degraded", "False")),
+        )
+        .await
+        .expect("second status apply");
+    assert_eq!(
+        st2.data["status"]["conditions"],
+        json!([{"type": "Ready", "status": "False"}])
+    );
+    assert_eq!(st2.data["spec"]["endpoint"], "198.18.0.1:51820");
+    c.shutdown().await;
+}
