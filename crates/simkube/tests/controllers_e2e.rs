@@ -148,6 +148,73 @@ async fn default_service_account_appears_and_is_restored() {
 }
 
 #[tokio::test]
+async fn root_ca_configmap_is_published_and_kept_in_sync() {
+    let (cluster, client) = start(Controllers::all(), true).await;
+    let ca_pem = cluster.ca_pem().expect("TLS cluster has a CA");
+    create_namespace(&client, "team-b").await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "team-b");
+    let ca_of = |cm: &ConfigMap| cm.data.as_ref().and_then(|d| d.get("ca.crt").cloned());
+    let published = eventually("kube-root-ca.crt", || async {
+        maps.get_opt("kube-root-ca.crt").await.expect("get")
+    })
+    .await;
+    assert_eq!(ca_of(&published).as_deref(), Some(ca_pem.as_str()));
+
+    // Tampering is undone.
+    maps.patch(
+        "kube-root-ca.crt",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"ca.crt": "not a CA"}})),
+    )
+    .await
+    .expect("tamper");
+    eventually("the CA to be restored", || async {
+        let cm = maps.get("kube-root-ca.crt").await.expect("get");
+        (ca_of(&cm).as_deref() == Some(ca_pem.as_str())).then_some(())
+    })
+    .await;
+
+    // Deletion is undone.
+    maps.delete("kube-root-ca.crt", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the ConfigMap to be re-created", || async {
+        maps.get_opt("kube-root-ca.crt")
+            .await
+            .expect("get")
+            .filter(|cm| cm.uid() != published.uid())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn kubectl_delete_namespace_waits_until_the_namespace_is_gone() {
+    let (cluster, client) = start(Controllers::all(), true).await;
+    create_namespace(&client, "scratch").await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "scratch");
+    for i in 0..20 {
+        maps.create(
+            &PostParams::default(),
+            &configmap(&format!("cm-{i}"), &[], &[]),
+        )
+        .await
+        .expect("cm");
+    }
+    // kubectl waits for the namespace to disappear (default --wait=true).
+    let Some(out) = kubectl(
+        &cluster,
+        &["delete", "namespace", "scratch", "--timeout=30s"],
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(out.trim(), "namespace \"scratch\" deleted");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    assert!(namespaces.get_opt("scratch").await.expect("get").is_none());
+}
+
+#[tokio::test]
 async fn without_the_controller_no_service_account_is_created() {
     let (_cluster, client) = cluster(Controllers::none()).await;
     create_namespace(&client, "quiet").await;
