@@ -778,8 +778,7 @@ mod tests {
         let groups: meta::APIGroupList =
             serde_json::from_value(api_group_list(&reg)).expect("APIGroupList");
         let names: Vec<&str> = groups.groups.iter().map(|g| g.name.as_str()).collect();
-        expect![[r#"
-            apiextensions.k8s.io apps authorization.k8s.io certificates.k8s.io coordination.k8s.io discovery.k8s.io events.k8s.io rbac.authorization.k8s.io"#]]
+        expect!["apiextensions.k8s.io apps authentication.k8s.io authorization.k8s.io certificates.k8s.io coordination.k8s.io discovery.k8s.io events.k8s.io rbac.authorization.k8s.io"]
         .assert_eq(&names.join(" "));
         let apps: meta::APIGroup =
             serde_json::from_value(api_group(&reg, "apps").expect("apps")).expect("APIGroup");
@@ -863,9 +862,11 @@ mod tests {
             api_resource_list(&reg, "authorization.k8s.io", "v1").expect("authz"),
         )
         .expect("APIResourceList");
-        expect![[
-            r#"selfsubjectaccessreviews ns=false SelfSubjectAccessReview [create] short=[] cat=[]"#
-        ]]
+        expect![[r#"
+            localsubjectaccessreviews ns=true LocalSubjectAccessReview [create] short=[] cat=[]
+            selfsubjectaccessreviews ns=false SelfSubjectAccessReview [create] short=[] cat=[]
+            selfsubjectrulesreviews ns=false SelfSubjectRulesReview [create] short=[] cat=[]
+            subjectaccessreviews ns=false SubjectAccessReview [create] short=[] cat=[]"#]]
         .assert_eq(&summarize(&authz));
         let csr = api_resource_list(&reg, "certificates.k8s.io", "v1").expect("csr");
         let names: Vec<&str> = csr["resources"]

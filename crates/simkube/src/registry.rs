@@ -319,7 +319,13 @@ pub fn builtins() -> Vec<ResourceType> {
             .subs(&["scale", "status"])
             .fields(&["status.replicas"]),
         // authorization.k8s.io/v1: a virtual resource, create only.
+        // authentication.k8s.io/v1: `kubectl auth whoami`.
+        builtin_unlisted::<k8s_openapi::api::authentication::v1::SelfSubjectReview>()
+            .verbs(&["create"]),
+        builtin_unlisted::<authz::LocalSubjectAccessReview>().verbs(&["create"]),
         builtin_unlisted::<authz::SelfSubjectAccessReview>().verbs(&["create"]),
+        builtin_unlisted::<authz::SelfSubjectRulesReview>().verbs(&["create"]),
+        builtin_unlisted::<authz::SubjectAccessReview>().verbs(&["create"]),
         // certificates.k8s.io/v1
         builtin::<certs::CertificateSigningRequest>()
             .short(&["csr"])

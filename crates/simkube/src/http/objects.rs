@@ -64,7 +64,6 @@ struct Ctx<'a> {
     rp: ResourcePath,
     query: Query,
     repr: Repr,
-    #[allow(dead_code)]
     attrs: &'a RequestAttributes,
     /// Who writes, for `managedFields`: `fieldManager`, else the User-Agent's program name.
     manager: Option<String>,
@@ -691,7 +690,39 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
     if matches!(rt.origin, Origin::Crd { .. }) {
         crd::prune_default_validate(rt, obj)?;
     }
-    Ok(())
+    admit_rbac(ctx, txn, obj, None)
+}
+
+/// With RBAC on, a write of a Role, ClusterRole or binding may not grant more than the writer
+/// holds (kube-apiserver's escalation check), judged against the RBAC objects in this
+/// transaction.
+fn admit_rbac(
+    ctx: &Ctx<'_>,
+    txn: &Txn<'_>,
+    new: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    if !ctx.state.config.rbac || ctx.rt.group != auth::RBAC_GROUP {
+        return Ok(());
+    }
+    let list = |plural: &str| -> Vec<Value> {
+        txn.list(&TypeKey::new(auth::RBAC_GROUP, plural), None)
+            .iter()
+            .map(|o| (**o).clone())
+            .collect()
+    };
+    let view = auth::RbacView::new(
+        list("roles"),
+        list("clusterroles"),
+        list("rolebindings"),
+        list("clusterrolebindings"),
+    );
+    let user = &ctx.attrs.user;
+    let ns = ctx.rp.namespace.as_deref().unwrap_or_default();
+    match old {
+        Some(old) => auth::check_escalation_update(&view, user, &ctx.rt.kind, new, old, ns),
+        None => auth::check_escalation(&view, user, &ctx.rt.kind, new, ns),
+    }
 }
 
 fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiError> {
@@ -705,6 +736,35 @@ fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiEr
         crd::prune_default_validate(rt, new)?;
     }
     Ok(())
+}
+
+/// Access and identity reviews are answered from the caller's identity and RBAC, never stored.
+fn review(ctx: &Ctx<'_>, obj: &Value) -> Result<Option<Value>, ApiError> {
+    let user = &ctx.attrs.user;
+    let answer = match (ctx.rt.group.as_str(), ctx.rt.plural.as_str()) {
+        ("authorization.k8s.io", "selfsubjectaccessreviews") => {
+            auth::self_subject_access_review(&rbac_view(ctx.state), user, obj)?
+        }
+        ("authorization.k8s.io", "selfsubjectrulesreviews") => {
+            auth::self_subject_rules_review(&rbac_view(ctx.state), user, obj)?
+        }
+        ("authorization.k8s.io", "subjectaccessreviews") => {
+            auth::subject_access_review(&rbac_view(ctx.state), obj)?
+        }
+        ("authorization.k8s.io", "localsubjectaccessreviews") => {
+            auth::local_subject_access_review(&rbac_view(ctx.state), ctx.ns(), obj)?
+        }
+        ("authentication.k8s.io", "selfsubjectreviews") => {
+            return Ok(Some(auth::self_subject_review(user)));
+        }
+        _ => return Ok(None),
+    };
+    let mut answer = answer;
+    if !ctx.state.config.rbac {
+        // Without RBAC the server authorizes everything (AlwaysAllow), and says so.
+        answer["status"] = json!({"allowed": true});
+    }
+    Ok(Some(answer))
 }
 
 /// After a CRD write: make the registry serve exactly the CRD's current types.
@@ -730,6 +790,9 @@ fn is_crd(rt: &ResourceType) -> bool {
 
 fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
     let mut obj = decode_body(content_type, body)?;
+    if let Some(answer) = review(ctx, &obj)? {
+        return Ok(super::json_response(StatusCode::CREATED, &answer));
+    }
     check_type_meta(&ctx.rt, &mut obj, false)?;
     check_namespace(ctx, &mut obj)?;
     let dry_run = ctx.dry_run()?;
@@ -854,6 +917,7 @@ fn write_update(
             strategy::prepare_update(rt, old, &mut new, sub)?;
             if sub.is_none() {
                 admit_update(ctx, old, &mut new)?;
+                admit_rbac(ctx, txn, &new, Some(old))?;
             }
         }
     }
