@@ -28,6 +28,11 @@
 //!  is restored into the meta mark for any reply whose destination alone would not tell.
 //! ```
 //!
+//! Because peers may share real CIDRs, two peers' connections can have identical conntrack
+//! tuples (same pod addresses and ports). A `raw`-priority chain puts each peer's traffic in its
+//! own conntrack zone (zone `i + 1`), chosen the same way in both directions: arriving on the
+//! peer's tunnel, or addressed to the peer's local views.
+//!
 //! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
 //! pod CIDR, and a mark would send them straight back into the tunnel.
 //!

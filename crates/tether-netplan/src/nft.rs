@@ -55,6 +55,8 @@ pub enum Hook {
 /// Named hook priorities (nft keywords), in the order netfilter runs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Priority {
+    /// `raw` (-300): before connection tracking, so a conntrack zone can still be chosen.
+    Raw,
     /// `mangle` (-150): before destination NAT, so marks see the original destination.
     Mangle,
     /// `dstnat` (-100).
@@ -106,6 +108,7 @@ impl fmt::Display for Hook {
 impl fmt::Display for Priority {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::Raw => "raw",
             Self::Mangle => "mangle",
             Self::Dstnat => "dstnat",
             Self::Filter => "filter",

@@ -267,6 +267,7 @@ fn ruleset(input: &GatewayInput) -> Ruleset {
     let mut local_destinations: Vec<Ipv4Net> = input.local.pod_cidrs.clone();
     local_destinations.extend(input.local.external_cidr);
 
+    let mut zones = Vec::new();
     let mut guard = Vec::new();
     let mut restore = Vec::new();
     let mut classify = Vec::new();
@@ -277,6 +278,24 @@ fn ruleset(input: &GatewayInput) -> Ruleset {
         let mark = input.peer_mark(index);
         let iif = format!("iifname {}", quoted(&peer.interface));
         let tunnel_net = peer.tunnel_address.map(|address| address.trunc());
+
+        // Peers may share real CIDRs, so two peers' connections can have identical tuples
+        // (same pod IPs and ports). A conntrack zone per peer keeps them apart; it is chosen
+        // the same way for both directions (tunnel in, or destination in the peer's views).
+        let zone = index + 1;
+        let mut views: Vec<Ipv4Net> = peer_mappings(peer).map(|m| m.local_view).collect();
+        views.sort();
+        zones.push(NftRule::new(
+            format!("{iif} ct zone set {zone}"),
+            format!("peer {id}: own conntrack zone"),
+        ));
+        zones.push(NftRule::new(
+            format!(
+                "{from_local} ip daddr {} ct zone set {zone}",
+                nft_set(&views)
+            ),
+            format!("peer {id}: own conntrack zone"),
+        ));
 
         let mut sources: Vec<Ipv4Net> = peer_mappings(peer).map(|m| m.real).collect();
         sources.extend(tunnel_net);
@@ -308,8 +327,6 @@ fn ruleset(input: &GatewayInput) -> Ruleset {
             format!("peer {id}: replies follow their connection"),
         ));
 
-        let mut views: Vec<Ipv4Net> = peer_mappings(peer).map(|m| m.local_view).collect();
-        views.sort();
         classify.push(NftRule::new(
             format!(
                 "{from_local} ip daddr {} {} {}",
@@ -356,12 +373,19 @@ fn ruleset(input: &GatewayInput) -> Ruleset {
     prerouting.extend(restore);
     prerouting.extend(classify);
     let mut chains = vec![Chain {
+        name: "zone".to_owned(),
+        kind: ChainKind::Filter,
+        hook: Hook::Prerouting,
+        priority: Priority::Raw,
+        rules: zones,
+    }];
+    chains.push(Chain {
         name: "prerouting".to_owned(),
         kind: ChainKind::Filter,
         hook: Hook::Prerouting,
         priority: Priority::Mangle,
         rules: prerouting,
-    }];
+    });
     if !dstnat.is_empty() {
         chains.push(Chain {
             name: "dstnat".to_owned(),

@@ -50,7 +50,7 @@ fn empty_kernel_gets_everything_added_in_apply_order() {
         ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
         ip rule add pref 7700 fwmark 0x7700/0xffff lookup 7700
         ip rule add pref 7700 fwmark 0x7701/0xffff lookup 7701
-        nft replace table ip tether (52beb1e014ab6caf)
+        nft replace table ip tether (a227382abfc6f370)
     "#]]
     .assert_eq(&ops_text(&diff(&desired, &Observed::default())));
 }
@@ -111,7 +111,7 @@ fn drift_is_repaired_with_deletes_before_adds() {
         ip addr del 169.254.99.1/30 dev tether-c
         sysctl -w net.ipv4.ip_forward=1
         ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
-        nft replace table ip tether (52beb1e014ab6caf)
+        nft replace table ip tether (a227382abfc6f370)
     "#]]
     .assert_eq(&ops_text(&diff(&desired, &observed)));
 }

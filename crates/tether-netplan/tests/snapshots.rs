@@ -21,33 +21,38 @@ fn one_peer_without_remap_routes_real_cidr_and_needs_no_nat() {
     check_scenario(
         "one_peer_no_remap",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        addr 169.254.18.1/30 dev tether-b
-        route 10.1.0.0/16 dev tether-b src 169.254.18.1 table 7700
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:d897f7d659fc0c6b"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != { 10.1.0.0/16, 169.254.18.0/30 } counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != { 10.0.0.0/16, 169.254.18.1/32 } counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname "eth0" ip daddr 10.1.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            addr 169.254.18.1/30 dev tether-b
+            route 10.1.0.0/16 dev tether-b src 169.254.18.1 table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:95686cfe4d29e25e"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr 10.1.0.0/16 ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != { 10.1.0.0/16, 169.254.18.0/30 } counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != { 10.0.0.0/16, 169.254.18.1/32 } counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr 10.1.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            	}
+            }
+        "#]],
     );
 }
 
@@ -56,40 +61,45 @@ fn one_peer_with_remapped_pod_cidr_translates_both_directions() {
     check_scenario(
         "one_peer_remapped",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        route 10.0.0.0/16 dev tether-b table 7700
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:536d4c21664c7ea1"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        	}
-        	chain dstnat {
-        		type nat hook prerouting priority dstnat; policy accept;
-        		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        	}
-        	chain srcnat {
-        		type nat hook postrouting priority srcnat; policy accept;
-        		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            route 10.0.0.0/16 dev tether-b table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:c5310e39713d8011"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr 10.71.0.0/16 ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            	}
+            }
+        "#]],
     );
 }
 
@@ -98,51 +108,58 @@ fn two_peers_with_the_same_real_cidr_get_separate_marks_and_tables() {
     check_scenario(
         "two_peers_same_real",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.conf.tether-c.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        addr 169.254.18.1/30 dev tether-b
-        addr 169.254.18.5/30 dev tether-c
-        route 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
-        route 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        rule pref 7700 fwmark 0x7701/0xffff lookup 7701
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:52beb1e014ab6caf"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != { 10.0.0.0/16, 169.254.18.0/30 } counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != { 10.0.0.0/16, 169.254.18.1/32 } counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "tether-c" ip saddr != { 10.0.0.0/16, 169.254.18.4/30 } counter drop comment "peer cluster-c: source outside its CIDRs"
-        		iifname "tether-c" ip daddr != { 10.0.0.0/16, 169.254.18.5/32 } counter drop comment "peer cluster-c: destination outside local CIDRs"
-        		iifname "tether-c" ct mark set ct mark and 0xffff0000 or 0x7701 comment "peer cluster-c: remember the peer of this connection"
-        		iifname != { "tether-b", "tether-c" } ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname != { "tether-b", "tether-c" } ct mark and 0xffff == 0x7701 meta mark set meta mark and 0xffff0000 or 0x7701 comment "peer cluster-c: replies follow their connection"
-        		iifname != { "tether-b", "tether-c" } ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        		iifname != { "tether-b", "tether-c" } ip daddr 10.72.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7701 ct mark set ct mark and 0xffff0000 or 0x7701 comment "peer cluster-c: to the peer"
-        	}
-        	chain dstnat {
-        		type nat hook prerouting priority dstnat; policy accept;
-        		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
-        		meta mark and 0xffff == 0x7701 ip daddr 10.72.0.0/16 dnat ip prefix to ip daddr map { 10.72.0.0/16 : 10.0.0.0/16 } comment "peer cluster-c: local view to real"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname { "tether-b", "tether-c" } tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        		oifname { "tether-b", "tether-c" } tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        	}
-        	chain srcnat {
-        		type nat hook postrouting priority srcnat; policy accept;
-        		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
-        		iifname "tether-c" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.72.0.0/16 } comment "peer cluster-c: real to local view"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-c.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            addr 169.254.18.1/30 dev tether-b
+            addr 169.254.18.5/30 dev tether-c
+            route 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+            route 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7700 fwmark 0x7701/0xffff lookup 7701
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:a227382abfc6f370"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname != { "tether-b", "tether-c" } ip daddr 10.71.0.0/16 ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "tether-c" ct zone set 2 comment "peer cluster-c: own conntrack zone"
+            		iifname != { "tether-b", "tether-c" } ip daddr 10.72.0.0/16 ct zone set 2 comment "peer cluster-c: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != { 10.0.0.0/16, 169.254.18.0/30 } counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != { 10.0.0.0/16, 169.254.18.1/32 } counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "tether-c" ip saddr != { 10.0.0.0/16, 169.254.18.4/30 } counter drop comment "peer cluster-c: source outside its CIDRs"
+            		iifname "tether-c" ip daddr != { 10.0.0.0/16, 169.254.18.5/32 } counter drop comment "peer cluster-c: destination outside local CIDRs"
+            		iifname "tether-c" ct mark set ct mark and 0xffff0000 or 0x7701 comment "peer cluster-c: remember the peer of this connection"
+            		iifname != { "tether-b", "tether-c" } ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname != { "tether-b", "tether-c" } ct mark and 0xffff == 0x7701 meta mark set meta mark and 0xffff0000 or 0x7701 comment "peer cluster-c: replies follow their connection"
+            		iifname != { "tether-b", "tether-c" } ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            		iifname != { "tether-b", "tether-c" } ip daddr 10.72.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7701 ct mark set ct mark and 0xffff0000 or 0x7701 comment "peer cluster-c: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            		meta mark and 0xffff == 0x7701 ip daddr 10.72.0.0/16 dnat ip prefix to ip daddr map { 10.72.0.0/16 : 10.0.0.0/16 } comment "peer cluster-c: local view to real"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname { "tether-b", "tether-c" } tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            		oifname { "tether-b", "tether-c" } tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            		iifname "tether-c" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.72.0.0/16 } comment "peer cluster-c: real to local view"
+            	}
+            }
+        "#]],
     );
 }
 
@@ -151,43 +168,48 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
     check_scenario(
         "external_remap",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        route 10.0.0.0/16 dev tether-b table 7700
-        route 10.70.0.0/16 dev tether-b table 7700
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:ce194df266223233"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        	}
-        	chain dstnat {
-        		type nat hook prerouting priority dstnat; policy accept;
-        		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
-        		meta mark and 0xffff == 0x7700 ip daddr 10.81.0.0/16 dnat ip prefix to ip daddr map { 10.81.0.0/16 : 10.70.0.0/16 } comment "peer cluster-b: local view to real"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
-        	}
-        	chain srcnat {
-        		type nat hook postrouting priority srcnat; policy accept;
-        		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
-        		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            route 10.0.0.0/16 dev tether-b table 7700
+            route 10.70.0.0/16 dev tether-b table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:7c524065dfb85763"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            		meta mark and 0xffff == 0x7700 ip daddr 10.81.0.0/16 dnat ip prefix to ip daddr map { 10.81.0.0/16 : 10.70.0.0/16 } comment "peer cluster-b: local view to real"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
+            	}
+            }
+        "#]],
     );
 }
 
@@ -196,78 +218,88 @@ fn mss_clamp_follows_the_mtu() {
     check_scenario(
         "jumbo_mtu",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        route 10.0.0.0/16 dev tether-b table 7700
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:3ea0f6a9e36e7681"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        	}
-        	chain dstnat {
-        		type nat hook prerouting priority dstnat; policy accept;
-        		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 8880 tcp option maxseg size set 8880 comment "clamp MSS to the tunnel MTU"
-        		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 8880 tcp option maxseg size set 8880 comment "clamp MSS to the tunnel MTU"
-        	}
-        	chain srcnat {
-        		type nat hook postrouting priority srcnat; policy accept;
-        		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            route 10.0.0.0/16 dev tether-b table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:2b59b4a9dcc181f1"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr 10.71.0.0/16 ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 8880 tcp option maxseg size set 8880 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 8880 tcp option maxseg size set 8880 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            	}
+            }
+        "#]],
     );
     check_scenario(
         "minimum_mtu",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.conf.tether-b.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        route 10.0.0.0/16 dev tether-b table 7700
-        rule pref 7700 fwmark 0x7700/0xffff lookup 7700
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:f9ad0cd442bd3b95"
-        	chain prerouting {
-        		type filter hook prerouting priority mangle; policy accept;
-        		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
-        		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
-        		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
-        		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
-        		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
-        	}
-        	chain dstnat {
-        		type nat hook prerouting priority dstnat; policy accept;
-        		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
-        	}
-        	chain forward {
-        		type filter hook forward priority filter; policy accept;
-        		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 536 tcp option maxseg size set 536 comment "clamp MSS to the tunnel MTU"
-        		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 536 tcp option maxseg size set 536 comment "clamp MSS to the tunnel MTU"
-        	}
-        	chain srcnat {
-        		type nat hook postrouting priority srcnat; policy accept;
-        		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
-        	}
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=2
+            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            route 10.0.0.0/16 dev tether-b table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:52aea4ea2190f4c5"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr 10.71.0.0/16 ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != 10.0.0.0/16 counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != 10.0.0.0/16 counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr 10.71.0.0/16 meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 536 tcp option maxseg size set 536 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 536 tcp option maxseg size set 536 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            	}
+            }
+        "#]],
     );
 }
 

@@ -308,31 +308,39 @@ impl Drop for Server {
 }
 
 /// Connects from `netns` (optionally from a given source) and returns the server's answer.
-fn ask(netns: &Netns, source: Option<Ipv4Addr>, to: &str) -> Result<String, String> {
+fn ask(netns: &Netns, source: Option<SocketAddrV4>, to: &str) -> Result<String, String> {
+    read_answer(open(netns, source, to)?)
+}
+
+/// Opens a connection from `netns` without reading, so it stays established.
+fn open(netns: &Netns, source: Option<SocketAddrV4>, to: &str) -> Result<TcpStream, String> {
     let to: Ipv4Addr = to.parse().expect("address literal");
     netns
         .spawn(move || {
             let target = SocketAddr::V4(SocketAddrV4::new(to, PORT));
-            let mut stream = match source {
+            match source {
                 None => TcpStream::connect_timeout(&target, Duration::from_secs(2)),
                 Some(source) => bound_connect(source, target),
             }
-            .map_err(|error| error.to_string())?;
-            stream
-                .set_read_timeout(Some(Duration::from_secs(2)))
-                .map_err(|e| e.to_string())?;
-            let mut answer = String::new();
-            stream
-                .read_to_string(&mut answer)
-                .map_err(|error| error.to_string())?;
-            Ok(answer)
+            .map_err(|error| error.to_string())
         })
         .join()
         .expect("client thread")
 }
 
+fn read_answer(mut stream: TcpStream) -> Result<String, String> {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|error| error.to_string())?;
+    Ok(answer)
+}
+
 /// `connect` from a chosen source address, with a timeout.
-fn bound_connect(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<TcpStream> {
+fn bound_connect(source: SocketAddrV4, target: SocketAddr) -> std::io::Result<TcpStream> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, socket};
     let fd = socket(
         AddressFamily::Inet,
@@ -342,7 +350,7 @@ fn bound_connect(source: Ipv4Addr, target: SocketAddr) -> std::io::Result<TcpStr
     )?;
     bind(
         std::os::fd::AsRawFd::as_raw_fd(&fd),
-        &SockaddrIn::from(SocketAddrV4::new(source, 0)),
+        &SockaddrIn::from(source),
     )?;
     let stream = TcpStream::from(fd);
     // std has no connect on an existing socket; a non-blocking connect + poll would be long,
@@ -447,6 +455,22 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
         ]
     );
 
+    // B's and C's pods connect from the same address and port to the same pod of A: identical
+    // conntrack tuples, which only the per-peer conntrack zones keep apart.
+    let same_source = Some(SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 2), 40000));
+    // B's connection stays open (unread) while C connects.
+    let open_from_b = open(&b.pod, same_source, "10.81.1.2");
+    let from_c = ask(&c.pod, same_source, "10.91.1.2");
+    let from_b = open_from_b.and_then(read_answer);
+    let strip = |answer: Result<String, String>| {
+        answer.map(|text| {
+            text.rsplit_once(" mss")
+                .map_or(text.clone(), |s| s.0.to_owned())
+        })
+    };
+    assert_eq!(strip(from_b), Ok("pod-a saw 10.71.1.2".to_owned()));
+    assert_eq!(strip(from_c), Ok("pod-a saw 10.72.1.2".to_owned()));
+
     // B's pod spoofs a source outside B's pod CIDR: A's gateway must drop it.
     // (B's gateway gets a route back to the spoofed source so its own loose reverse-path check
     // lets the packet through to the tunnel; what is under test is A's guard.)
@@ -459,7 +483,11 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
         0,
         "legitimate traffic hit the guard"
     );
-    let spoofed = ask(&b.pod, Some(Ipv4Addr::new(10, 9, 9, 9)), "10.81.1.2");
+    let spoofed = ask(
+        &b.pod,
+        Some(SocketAddrV4::new(Ipv4Addr::new(10, 9, 9, 9), 0)),
+        "10.81.1.2",
+    );
     assert!(spoofed.is_err(), "spoofed source got through: {spoofed:?}");
     assert!(
         a.gateway.drop_counter(guard) > 0,
