@@ -671,7 +671,7 @@ impl FieldSelector {
                     "invalid selector: '{s}'; can't understand '{term}'"
                 )));
             };
-            let value = unescape(rhs).map_err(|e| ApiError::bad_request(e.to_owned()))?;
+            let value = unescape(rhs).map_err(ApiError::bad_request)?;
             let supported = lhs == "metadata.name"
                 || lhs == "metadata.namespace"
                 || rt.selectable_fields.iter().any(|f| f == lhs);
@@ -803,17 +803,27 @@ fn split_term(term: &str) -> Option<(&str, FieldOp, &str)> {
     None
 }
 
-fn unescape(s: &str) -> Result<String, &'static str> {
+/// `fields.UnescapeValue`, with its error wording (a bare special character is reported by
+/// its code point, as Go's `%v` prints a rune).
+fn unescape(s: &str) -> Result<String, String> {
     let mut out = String::with_capacity(s.len());
     let mut chars = s.chars();
     while let Some(c) = chars.next() {
         if c == '\\' {
             match chars.next() {
                 Some(e @ ('\\' | ',' | '=')) => out.push(e),
-                _ => return Err("invalid field selector: invalid escape sequence"),
+                Some(other) => {
+                    return Err(format!(
+                        "invalid field selector: invalid escape sequence: \\{other}"
+                    ));
+                }
+                None => return Err("invalid field selector: invalid escape sequence: \\".into()),
             }
         } else if c == ',' || c == '=' {
-            return Err("invalid field selector: unescaped special character");
+            return Err(format!(
+                "invalid field selector: unescaped character in value: {}",
+                u32::from(c)
+            ));
         } else {
             out.push(c);
         }

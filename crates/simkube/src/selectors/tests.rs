@@ -286,3 +286,20 @@ proptest! {
         prop_assert_eq!(&sel.requirements()[0].values, &vals.into_iter().collect::<BTreeSet<_>>());
     }
 }
+
+#[test]
+fn field_selector_escapes_are_checked() {
+    let rt = pods();
+    let err = FieldSelector::parse(r"metadata.name=a\x", &rt).unwrap_err();
+    assert_eq!(
+        err.message,
+        r"invalid field selector: invalid escape sequence: \x"
+    );
+    let err = FieldSelector::parse("metadata.name=a=b", &rt).unwrap_err();
+    assert_eq!(
+        err.message,
+        "invalid field selector: unescaped character in value: 61"
+    );
+    let ok = FieldSelector::parse(r"metadata.name=a\=b\\", &rt).unwrap();
+    assert!(ok.matches(&json!({"metadata": {"name": r"a=b\"}})));
+}
