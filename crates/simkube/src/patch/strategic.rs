@@ -81,7 +81,9 @@ pub fn strategic_merge_patch(
     };
     let original = original.as_object().cloned().unwrap_or_default();
     let merged = merge_map(original, patch.clone(), Field::Struct(ty))?;
-    Ok(Value::Object(merged))
+    // The real server decodes the result into the Go type and encodes it again, which drops
+    // every `null` and any directive left inside elements that were taken whole.
+    Ok(fresh(Value::Object(merged)))
 }
 
 /// The metadata of member `key` of an object described by `at`.

@@ -406,3 +406,25 @@ mod properties {
         }
     }
 }
+
+#[test]
+fn strategic_merge_patch_result_has_no_nulls_or_directives() {
+    let got = strategic_merge_patch(
+        &pod(json!([{"name": "a"}])),
+        &json!({"spec": {
+            "containers": [{"name": "b", "image": null, "env": [{"name": "X", "value": null}],
+                            "$setElementOrder/env": [{"name": "X"}]}],
+            "tolerations": [{"key": "k", "value": null}]
+        }}),
+        "v1",
+        "Pod",
+    )
+    .unwrap();
+    assert_eq!(
+        got["spec"],
+        json!({
+            "containers": [{"name": "b", "env": [{"name": "X"}]}, {"name": "a"}],
+            "tolerations": [{"key": "k"}]
+        })
+    );
+}
