@@ -872,10 +872,33 @@ fn flag(schema: &Value, key: &str) -> bool {
 /// `x-kubernetes-preserve-unknown-fields` allows them, and `apiVersion`, `kind` and `metadata` of
 /// the root and of `x-kubernetes-embedded-resource` objects.
 pub fn prune(schema: &Value, obj: &mut Value) {
-    prune_node(schema, obj, true);
+    prune_node(schema, obj, true, "", &mut Vec::new());
 }
 
-fn prune_node(schema: &Value, v: &mut Value, resource_root: bool) {
+/// [`prune`], returning the paths of the removed fields (`spec.bogus`, `items[0].x`) in the form
+/// `fieldValidation=Strict` reports them: `strict decoding error: unknown field "spec.bogus"`.
+pub fn prune_reporting(schema: &Value, obj: &mut Value) -> Vec<String> {
+    let mut removed = Vec::new();
+    prune_node(schema, obj, true, "", &mut removed);
+    removed
+}
+
+/// The unknown fields of a custom resource, as [`prune_reporting`] would remove them, without
+/// changing it. Empty for types without a schema.
+pub fn unknown_fields(rt: &ResourceType, obj: &Value) -> Vec<String> {
+    match &rt.schema {
+        Some(schema) => prune_reporting(schema, &mut obj.clone()),
+        None => Vec::new(),
+    }
+}
+
+fn prune_node(
+    schema: &Value,
+    v: &mut Value,
+    resource_root: bool,
+    path: &str,
+    removed: &mut Vec<String>,
+) {
     match v {
         Value::Object(map) => {
             let props = schema.get("properties").and_then(Value::as_object);
@@ -887,26 +910,34 @@ fn prune_node(schema: &Value, v: &mut Value, resource_root: bool) {
                     // Metadata is the server's to validate; root metadata is never pruned.
                     continue;
                 }
+                let child_path = child_path(path, &k);
                 if let Some(p) = props.and_then(|p| p.get(&k)) {
                     if let Some(child) = map.get_mut(&k) {
                         let embedded = flag(p, "x-kubernetes-embedded-resource");
-                        prune_node(p, child, embedded);
+                        prune_node(p, child, embedded, &child_path, removed);
                     }
                 } else if let Some(add @ Value::Object(_)) = additional {
                     if let Some(child) = map.get_mut(&k) {
                         let embedded = flag(add, "x-kubernetes-embedded-resource");
-                        prune_node(add, child, embedded);
+                        prune_node(add, child, embedded, &child_path, removed);
                     }
                 } else if !(preserve || additional == Some(&Value::Bool(true))) {
                     map.shift_remove(&k);
+                    removed.push(child_path);
                 }
             }
         }
         Value::Array(items) => {
             if let Some(item_schema) = schema.get("items").filter(|i| i.is_object()) {
                 let embedded = flag(item_schema, "x-kubernetes-embedded-resource");
-                for item in items {
-                    prune_node(item_schema, item, embedded);
+                for (i, item) in items.iter_mut().enumerate() {
+                    prune_node(
+                        item_schema,
+                        item,
+                        embedded,
+                        &format!("{path}[{i}]"),
+                        removed,
+                    );
                 }
             }
         }
@@ -1668,6 +1699,18 @@ mod tests {
                      "template": {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {"x": "y", "z": 1}, "extra": 1}},
             "status": {"replicas": 2, "phase": "x"},
         });
+        assert_eq!(
+            unknown_fields(&rt(), &w),
+            [
+                "unknownTop",
+                "spec.bogus",
+                "spec.items[0].junk",
+                "spec.raw.known.b",
+                "spec.template.spec.z",
+                "spec.template.extra",
+                "status.phase"
+            ]
+        );
         prune_default_validate(&rt(), &mut w).expect("valid after pruning");
         expect![[r#"{"apiVersion":"example.com/v1","kind":"Widget","metadata":{"name":"w1","unknownMeta":1},"spec":{"color":"red","mode":"auto","ratio":null,"items":[{"name":"a","weight":5}],"raw":{"anything":{"goes":1},"known":{"a":"x"}},"template":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p"},"spec":{"x":"y"}},"replicas":1},"status":{"replicas":2}}"#]]
             .assert_eq(&w.to_string());
