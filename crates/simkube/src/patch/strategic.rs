@@ -8,7 +8,7 @@
 //! Element order follows the upstream rules: `$setElementOrder` first, then the patch's order,
 //! then the live order.
 
-use serde_json::{Map, Value};
+use serde_json::{Map, Value, json};
 
 use super::schema::{self, Field, Smp, Ty};
 use crate::error::ApiError;
@@ -83,7 +83,7 @@ pub fn strategic_merge_patch(
     let merged = merge_map(original, patch.clone(), Field::Struct(ty))?;
     // The real server decodes the result into the Go type and encodes it again, which drops
     // every `null` and any directive left inside elements that were taken whole.
-    Ok(fresh(Value::Object(merged)))
+    Ok(fresh(Value::Object(merged)).unwrap_or_else(|| json!({})))
 }
 
 /// The metadata of member `key` of an object described by `at`.
@@ -154,8 +154,8 @@ fn merge_map(
             continue;
         }
         let Some(ov) = original.get_mut(&key) else {
-            if !delete_list {
-                original.insert(key, fresh(pv));
+            if !delete_list && let Some(v) = fresh(pv) {
+                original.insert(key, v);
             }
             continue;
         };
@@ -170,9 +170,16 @@ fn merge_map(
                 *oa = merged;
             }
             (ov, pv) if same_type(ov, &pv) => *ov = pv,
-            (ov, pv) => {
+            (_, pv) => {
                 if !delete_list {
-                    *ov = fresh(pv);
+                    match fresh(pv) {
+                        Some(v) => {
+                            original.insert(key, v);
+                        }
+                        None => {
+                            original.shift_remove(&key);
+                        }
+                    }
                 }
             }
         }
@@ -180,11 +187,11 @@ fn merge_map(
     Ok(original)
 }
 
-/// A patch value stored where nothing existed: its `null`s and directives go, as a typed
-/// round trip through the real server would drop them.
-fn fresh(mut v: Value) -> Value {
+/// A patch value taken whole (nothing to merge with): its `null`s and directives go, and an
+/// object carrying `$patch` disappears (`None`), as upstream's `removeDirectives` does.
+fn fresh(mut v: Value) -> Option<Value> {
     super::prune_nulls(&mut v);
-    remove_directives(v).unwrap_or(Value::Null)
+    remove_directives(v)
 }
 
 /// Strips directive keys; an object carrying `$patch` disappears (`None`).
@@ -526,14 +533,16 @@ fn normalize_element_order(
 }
 
 /// Sorts `items` by their position in `order` (stable; elements absent from `order` keep
-/// their relative place at the end) and drops elements `order` marks `$patch: delete`.
+/// their relative place at the end); elements marked `$patch: delete` go last, as upstream
+/// keeps them.
 fn normalize_slice_order(
     items: Vec<Value>,
     order: &[Value],
     key: Option<&str>,
     is_map: bool,
 ) -> Res<Vec<Value>> {
-    let mut to_delete: Vec<&Value> = Vec::new();
+    let mut to_delete = Vec::new();
+    let mut items = items;
     if is_map {
         let k =
             key.ok_or_else(|| SmpError::Other("cannot merge lists without merge key".into()))?;
@@ -542,21 +551,20 @@ fn normalize_slice_order(
                 return Err(no_merge_key(v, k));
             }
         }
-        to_delete = order
-            .iter()
-            .filter(|v| v.get(DIRECTIVE).and_then(Value::as_str) == Some("delete"))
-            .collect();
+        let (keep, delete): (Vec<Value>, Vec<Value>) = items
+            .into_iter()
+            .partition(|v| v.get(DIRECTIVE).and_then(Value::as_str) != Some("delete"));
+        items = keep;
+        to_delete = delete;
     }
     let mut keyed: Vec<(usize, Value)> = items
         .into_iter()
         .map(|v| (index_of(order, &v, key).unwrap_or(usize::MAX), v))
         .collect();
     keyed.sort_by_key(|(i, _)| *i);
-    Ok(keyed
-        .into_iter()
-        .map(|(_, v)| v)
-        .filter(|v| !to_delete.iter().any(|d| same_item(v, d, key)))
-        .collect())
+    let mut out: Vec<Value> = keyed.into_iter().map(|(_, v)| v).collect();
+    out.extend(to_delete);
+    Ok(out)
 }
 
 /// Interleaves server-only items (`left`) into patch items (`right`), both already sorted,
