@@ -207,7 +207,7 @@ impl ClusterBuilder {
             });
         let authenticator =
             Authenticator::new(admin_token.clone(), ca.as_deref(), issuer, sa_lookup)
-                .with_anonymous(false)
+                .with_anonymous(true)
                 .with_bound_object_lookup(bound_lookup);
         let rv_offset = self
             .rv_offset
@@ -220,6 +220,7 @@ impl ClusterBuilder {
                 body_limit: self.body_limit,
                 bookmark_interval: self.bookmark_interval,
                 default_watch_timeout: self.watch_timeout,
+                anonymous_is_admin: !self.tls && !self.rbac,
             },
             store: Store::new(StoreConfig {
                 history: self.history,

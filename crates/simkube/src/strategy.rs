@@ -195,6 +195,23 @@ fn spec_part(rt: &ResourceType, obj: &Value) -> Map<String, Value> {
     m
 }
 
+/// Whether the type keeps `metadata.generation`: custom resources and the built-ins whose
+/// strategies set it (workloads, CRDs, policy and networking objects). ConfigMaps, Services,
+/// Pods (in 1.33) and most core types carry none.
+pub fn tracks_generation(rt: &ResourceType) -> bool {
+    matches!(rt.origin, crate::registry::Origin::Crd { .. })
+        || matches!(
+            rt.group.as_str(),
+            "apps"
+                | "batch"
+                | "networking.k8s.io"
+                | "policy"
+                | "autoscaling"
+                | "apiextensions.k8s.io"
+                | "admissionregistration.k8s.io"
+        )
+}
+
 fn is(rt: &ResourceType, group: &str, plural: &str) -> bool {
     rt.group == group && rt.plural == plural
 }
@@ -203,6 +220,7 @@ fn is(rt: &ResourceType, group: &str, plural: &str) -> bool {
 /// defaulting and validation. `obj` already carries its final namespace; a name is generated
 /// here from `generateName` if needed.
 pub fn prepare_create(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError> {
+    let generation = tracks_generation(rt);
     if !obj.is_object() {
         return Err(ApiError::bad_request(
             "the request body must be a JSON object",
@@ -233,7 +251,11 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError
         }
         meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
         meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
-        meta.insert("generation".into(), json!(1));
+        if generation {
+            meta.insert("generation".into(), json!(1));
+        } else {
+            meta.remove("generation");
+        }
         meta.remove("deletionTimestamp");
         meta.remove("deletionGracePeriodSeconds");
         meta.remove("selfLink");
@@ -314,7 +336,7 @@ pub fn prepare_update(
     }
     default_object(rt, new);
     normalize(new);
-    if spec_part(rt, old) != spec_part(rt, new) {
+    if tracks_generation(rt) && spec_part(rt, old) != spec_part(rt, new) {
         let generation = old["metadata"]["generation"].as_i64().unwrap_or(0) + 1;
         meta_mut(new).insert("generation".into(), json!(generation));
     }
@@ -876,7 +898,10 @@ mod tests {
         let cm = rt("", "configmaps", "ConfigMap", false);
         let mut o = json!({"metadata": {"name": "ok", "finalizers": []}});
         prepare_create(&cm, &mut o).expect("valid");
-        assert_eq!(o["metadata"]["generation"], 1);
+        assert!(
+            o["metadata"].get("generation").is_none(),
+            "configmaps carry no generation"
+        );
         assert!(o["metadata"]["uid"].is_string());
         assert!(
             o["metadata"].get("finalizers").is_none(),

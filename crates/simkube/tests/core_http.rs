@@ -194,7 +194,17 @@ async fn bad_bodies_and_unknown_paths_answer_statuses() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn credentials_are_required_except_for_health_and_version() {
-    let c = Cluster::builder().start().await.expect("start");
+    // Plain HTTP without RBAC serves requests without credentials as the admin (kubectl sends
+    // no bearer token over plain HTTP); wrong credentials are still refused.
+    let open = Cluster::builder().start().await.expect("start");
+    let (code, _, _) = raw(&open, "GET", "/api/v1/namespaces", &[], b"", false).await;
+    assert_eq!(code, 200);
+    let bad = [("Authorization", "Bearer wrong")];
+    let (code, _, _) = raw(&open, "GET", "/api/v1/namespaces", &bad, b"", false).await;
+    assert_eq!(code, 401);
+    open.shutdown().await;
+
+    let c = Cluster::builder().rbac(true).start().await.expect("start");
     let (code, _, body) = raw(&c, "GET", "/api/v1/namespaces", &[], b"", false).await;
     assert_eq!(code, 401);
     assert_eq!(status(&body)["reason"], "Unauthorized");

@@ -170,6 +170,61 @@ async fn run_command(mut socket: WebSocket, command: Vec<String>) {
     let _ = socket.send(Message::Close(close)).await;
 }
 
+async fn attach(
+    State(seen): State<Arc<Seen>>,
+    Path((ns, pod, container)): Path<(String, String, String)>,
+    RawQuery(query): RawQuery,
+    ws: WebSocketUpgrade,
+) -> Response {
+    seen.record(format!(
+        "attach {ns}/{pod}/{container}?{}",
+        query.unwrap_or_default()
+    ));
+    ws.protocols(["v5.channel.k8s.io", "v4.channel.k8s.io"])
+        .on_upgrade(move |mut socket| async move {
+            let line = format!("attached to {container}\n");
+            let _ = socket.send(frame(1, line.as_bytes())).await;
+            let status = json!({"metadata": {}, "status": "Success"}).to_string();
+            let _ = socket.send(frame(3, status.as_bytes())).await;
+            let _ = socket.send(Message::Close(None)).await;
+        })
+}
+
+/// The kubelet's WebSocket port-forward protocol: two channels per port (data, error), each
+/// opened with the port number; data is answered upper-cased.
+async fn port_forward(
+    State(seen): State<Arc<Seen>>,
+    Path((ns, pod)): Path<(String, String)>,
+    RawQuery(query): RawQuery,
+    ws: WebSocketUpgrade,
+) -> Response {
+    let query = query.unwrap_or_default();
+    seen.record(format!("portForward {ns}/{pod}?{query}"));
+    let ports: Vec<u16> = query_pairs(&query)
+        .into_iter()
+        .filter(|(k, _)| k == "port")
+        .filter_map(|(_, v)| v.parse().ok())
+        .collect();
+    ws.protocols(["v4.channel.k8s.io"])
+        .on_upgrade(move |mut socket| async move {
+            for (i, port) in ports.iter().enumerate() {
+                let index = u8::try_from(i).expect("few ports");
+                for channel in [2 * index, 2 * index + 1] {
+                    let _ = socket.send(frame(channel, &port.to_le_bytes())).await;
+                }
+            }
+            while let Some(Ok(message)) = socket.next().await {
+                match message {
+                    Message::Binary(b) if b.len() > 1 && b[0] % 2 == 0 => {
+                        let _ = socket.send(frame(b[0], &b[1..].to_ascii_uppercase())).await;
+                    }
+                    Message::Close(_) => break,
+                    _ => {}
+                }
+            }
+        })
+}
+
 /// Starts the HTTPS test kubelet on 127.0.0.1; returns its port.
 async fn start_kubelet(seen: Arc<Seen>) -> u16 {
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -189,6 +244,8 @@ async fn start_kubelet(seen: Arc<Seen>) -> u16 {
     let app = Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/exec/{ns}/{pod}/{container}", get(exec))
+        .route("/attach/{ns}/{pod}/{container}", get(attach))
+        .route("/portForward/{ns}/{pod}", get(port_forward))
         .with_state(seen);
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -405,6 +462,42 @@ async fn kube_rs_exec_runs_through_the_kubelet() {
     let status = attached.take_status().expect("status");
     let status = status.await.expect("status");
     assert_eq!(status.reason.as_deref(), Some("NonZeroExitCode"));
+}
+
+#[tokio::test]
+async fn kube_rs_attach_and_port_forward_are_tunnelled() {
+    let f = fixture().await;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
+    let mut attached = pods
+        .attach("web", &AttachParams::default().stdout(true).stderr(false))
+        .await
+        .expect("attach");
+    let mut stdout = attached.stdout().expect("stdout");
+    let mut out = String::new();
+    stdout.read_to_string(&mut out).await.expect("read");
+    assert_eq!(out, "attached to app\n");
+
+    let mut forwarder = pods
+        .portforward("web", &[8080, 9090])
+        .await
+        .expect("port-forward");
+    for port in [8080, 9090] {
+        let mut stream = forwarder.take_stream(port).expect("stream for the port");
+        stream
+            .write_all(format!("hello {port}").as_bytes())
+            .await
+            .expect("write");
+        let mut buf = vec![0; 10];
+        tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut buf))
+            .await
+            .expect("the kubelet answers")
+            .expect("read");
+        assert_eq!(String::from_utf8_lossy(&buf), format!("HELLO {port}"));
+    }
+    forwarder.abort();
+    let seen = f.seen.all();
+    assert_eq!(seen[0], "attach default/web/app?output=1");
+    assert_eq!(seen[1], "portForward default/web?port=8080&port=9090");
 }
 
 #[tokio::test]
