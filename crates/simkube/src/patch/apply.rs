@@ -461,7 +461,9 @@ fn merge_list(l: &[Value], r: &[Value], lt: &ListType, elem: Node<'_>) -> Vec<Va
                 out.push(l[li].clone());
                 li += 1;
                 continue;
-            } else if merged_r.contains(pe) {
+            } else if merged_r.contains(pe) || ri >= r.len() {
+                // The second condition cannot hold (every applied item is merged by the time
+                // `ri` ends) but guarantees progress.
                 li += 1;
                 continue;
             }

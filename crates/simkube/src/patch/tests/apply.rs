@@ -611,3 +611,71 @@ mod properties {
         }
     }
 }
+
+mod list_properties {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use super::{T0, T1, builtin, deployment};
+    use crate::patch::server_side_apply;
+
+    fn containers() -> impl Strategy<Value = Vec<(String, String)>> {
+        prop::collection::vec(("[a-e]", "[0-3]"), 0..6)
+    }
+
+    fn names(v: &Value) -> Vec<String> {
+        v["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| c["name"].as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    fn unique(list: Vec<(String, String)>) -> Vec<(String, String)> {
+        let mut seen = Vec::new();
+        list.into_iter()
+            .filter(|(n, _)| {
+                let fresh = !seen.contains(n);
+                seen.push(n.clone());
+                fresh
+            })
+            .collect()
+    }
+
+    proptest! {
+        /// Two appliers' keyed lists merge: every item of each appears once, the second
+        /// applier's items keep its order, and the images are the last applier's.
+        #[test]
+        fn keyed_lists_merge_without_loss_or_duplicates(a in containers(), b in containers()) {
+            let (a, b) = (unique(a), unique(b));
+            let rt = builtin("apps", "Deployment");
+            let list = |l: &[(String, String)]| {
+                Value::Array(l.iter().map(|(n, i)| json!({"name": n, "image": i})).collect())
+            };
+            let one = server_side_apply(None, &deployment(list(&a), None), "a", false, T0, &rt).unwrap();
+            let two = server_side_apply(Some(&one), &deployment(list(&b), None), "b", true, T1, &rt).unwrap();
+            let got = names(&two);
+            let mut want: Vec<String> = a.iter().map(|(n, _)| n.clone()).collect();
+            for (n, _) in &b {
+                if !want.contains(n) {
+                    want.push(n.clone());
+                }
+            }
+            let mut sorted_got = got.clone();
+            sorted_got.sort();
+            want.sort();
+            prop_assert_eq!(sorted_got, want);
+            let b_names: Vec<&String> = b.iter().map(|(n, _)| n).collect();
+            let b_order: Vec<&String> = got.iter().filter(|n| b_names.contains(n)).collect();
+            prop_assert_eq!(b_order, b_names);
+            for c in two["spec"]["template"]["spec"]["containers"].as_array().into_iter().flatten() {
+                if let Some((_, img)) = b.iter().find(|(n, _)| c["name"] == n.as_str()) {
+                    prop_assert_eq!(&c["image"], &json!(img));
+                }
+            }
+        }
+    }
+}
