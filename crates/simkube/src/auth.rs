@@ -8,6 +8,7 @@
 
 mod escalation;
 mod policy;
+mod protobuf;
 mod rbac;
 mod review;
 mod token;
@@ -26,6 +27,7 @@ pub use escalation::{
     breakdown_rule, check_escalation, check_escalation_update, covers, rule_covers,
 };
 pub use policy::{default_cluster_role_bindings, default_cluster_roles};
+pub use protobuf::decode_protobuf_request;
 pub use rbac::{
     Decision, PolicyRule, RBAC_GROUP, RbacView, SYSTEM_MASTERS, Subject, aggregate, authorize,
     decide, forbidden_message, label_selector_matches,

@@ -196,7 +196,7 @@ pub(super) async fn serve(
         }
         (&Method::POST, true, Some("token")) => {
             let body = read_body(state, req.into_body()).await?;
-            token(&ctx, &decode_body(content_type.as_deref(), &body)?)
+            token(&ctx, &decode_auth_body(content_type.as_deref(), &body)?)
         }
         (&Method::GET, true, Some("approval" | "finalize")) => get(&ctx),
         (&Method::PUT, true, Some(s @ ("approval" | "finalize"))) => {
@@ -738,6 +738,15 @@ fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiEr
     Ok(())
 }
 
+/// kubectl 1.32+ sends protobuf bodies for `auth can-i`, `auth whoami` and `create token`; those
+/// few kinds are decoded, everything else goes through [`decode_body`].
+fn decode_auth_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
+    if content_type.is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf")) {
+        return auth::decode_protobuf_request(body);
+    }
+    decode_body(content_type, body)
+}
+
 /// Access and identity reviews are answered from the caller's identity and RBAC, never stored.
 fn review(ctx: &Ctx<'_>, obj: &Value) -> Result<Option<Value>, ApiError> {
     let user = &ctx.attrs.user;
@@ -789,7 +798,15 @@ fn is_crd(rt: &ResourceType) -> bool {
 }
 
 fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
-    let mut obj = decode_body(content_type, body)?;
+    let reviewed = matches!(
+        ctx.rt.group.as_str(),
+        "authorization.k8s.io" | "authentication.k8s.io"
+    );
+    let mut obj = if reviewed {
+        decode_auth_body(content_type, body)?
+    } else {
+        decode_body(content_type, body)?
+    };
     if let Some(answer) = review(ctx, &obj)? {
         return Ok(super::json_response(StatusCode::CREATED, &answer));
     }
