@@ -381,6 +381,17 @@ fn compare(
     }
 }
 
+impl Comparison {
+    /// The comparison with the given top-level fields (and everything below) left out.
+    fn without(self, top_level: &[&str]) -> Comparison {
+        Comparison {
+            added: without_top_level(self.added, top_level),
+            modified: without_top_level(self.modified, top_level),
+            removed: without_top_level(self.removed, top_level),
+        }
+    }
+}
+
 fn find_item<'v>(l: &[(PathElement, &'v Value)], pe: &PathElement) -> Option<&'v Value> {
     l.iter().find(|(p, _)| p == pe).map(|(_, v)| *v)
 }
@@ -630,7 +641,13 @@ pub fn server_side_apply_with(req: ApplyRequest<'_>) -> Result<Value, ApiError> 
 
     let node = Node::root(&expected, &rt.kind, rt.schema.as_ref());
     let live_obj = live.map_or_else(|| json!({}), without_managed_fields);
-    let config = without_managed_fields(applied);
+    let reset = reset_fields(Some(rt), subresource);
+    // Fields the strategy resets are neither merged, owned nor compared (upstream ignores them
+    // in the field manager), so they can never conflict.
+    let mut config = without_managed_fields(applied);
+    if let Some(m) = config.as_object_mut() {
+        m.retain(|k, _| !reset.contains(&k.as_str()));
+    }
     let mut entries = decode_entries(live.and_then(managed_fields_of)).unwrap_or_else(|e| {
         tracing::debug!(error = %e, "ignoring undecodable managedFields");
         Vec::new()
@@ -674,7 +691,7 @@ pub fn server_side_apply_with(req: ApplyRequest<'_>) -> Result<Value, ApiError> 
     }
     super::prune_nulls(&mut new_obj);
 
-    let cmp = comparison(&live_obj, &new_obj, node);
+    let cmp = comparison(&live_obj, &new_obj, node).without(reset);
     let changed_or_added = cmp.modified.union(&cmp.added);
     let mut conflicts: Vec<(usize, FieldSet)> = Vec::new();
     for (i, e) in entries.iter().enumerate() {
@@ -800,7 +817,7 @@ pub fn update_managed_fields_with(
 
     let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
     let new_obj = without_managed_fields(new);
-    let cmp = comparison(&old_obj, &new_obj, node);
+    let cmp = comparison(&old_obj, &new_obj, node).without(reset_fields(rt, subresource));
     let changed_or_added = cmp.modified.union(&cmp.added);
     for e in &mut entries {
         e.set = e.set.difference(&changed_or_added).difference(&cmp.removed);

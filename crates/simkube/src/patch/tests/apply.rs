@@ -474,6 +474,13 @@ fn status_is_not_owned_through_the_main_resource() {
     let e = entry(&st, "kubelet").unwrap();
     assert_eq!(e["subresource"], "status");
     assert_eq!(e["fieldsV1"], json!({"f:status": {"f:phase": {}}}));
+
+    // a main-resource apply carrying a different status neither conflicts nor changes it
+    let mut main_cfg = cfg;
+    main_cfg["status"] = json!({"phase": "Failed"});
+    let again = apply(Some(&st), &main_cfg, "m", false, &rt).unwrap();
+    assert_eq!(again["status"], json!({"phase": "Running"}));
+    assert!(entry(&again, "kubelet").is_some());
 }
 
 #[test]
