@@ -64,6 +64,7 @@ pub struct ClusterBuilder {
     rv_offset: Option<u64>,
     controllers: Controllers,
     background: Vec<BackgroundTask>,
+    pod_proxy: Option<http::PodProxy>,
 }
 
 impl std::fmt::Debug for ClusterBuilder {
@@ -93,6 +94,7 @@ impl Default for ClusterBuilder {
             rv_offset: None,
             controllers: Controllers::none(),
             background: Vec::new(),
+            pod_proxy: None,
         }
     }
 }
@@ -161,6 +163,13 @@ impl ClusterBuilder {
     /// Built-in controllers to run (none by default, like envtest).
     pub fn controllers(mut self, controllers: Controllers) -> Self {
         self.controllers = controllers;
+        self
+    }
+
+    /// Replaces the handler of `pods/{name}/log` and `exec` (by default they are forwarded to
+    /// the kubelet endpoint the pod's Node reports, without verifying its certificate).
+    pub fn pod_proxy(mut self, proxy: http::PodProxy) -> Self {
+        self.pod_proxy = Some(proxy);
         self
     }
 

@@ -117,7 +117,13 @@ pub(super) async fn serve(
     if !rt.namespaced && rp.namespace.is_some() {
         return Err(ApiError::no_such_resource());
     }
+    // attach and portforward are connect verbs the kubelet proxy serves whether or not
+    // discovery lists them.
+    let connect = rt.group.is_empty()
+        && rt.plural == "pods"
+        && matches!(rp.subresource.as_deref(), Some("attach" | "portforward"));
     if let Some(sub) = &rp.subresource
+        && !connect
         && !rt.subresources.iter().any(|s| s == sub)
     {
         return Err(ApiError::no_such_resource());
