@@ -14,7 +14,9 @@
 //!   (`v5.channel.k8s.io`, `v4.channel.k8s.io`, ...). The client's connection is upgraded to the
 //!   subprotocol the kubelet chose and frames are pumped both ways unchanged. The query names
 //!   `input`/`output`/`error`/`tty` with value `1` are the kubelet's own, as kube-apiserver
-//!   sends them.
+//!   sends them. `attach` is the same on `/attach/{namespace}/{pod}/{container}` without
+//!   `command`; `portforward` tunnels to `/portForward/{namespace}/{pod}?port=..` (the client's
+//!   `ports=80,443` become repeated `port`).
 //!
 //! The kubelet's certificate is not verified unless a CA is configured, which is
 //! kube-apiserver's default when `--kubelet-certificate-authority` is unset. Node addresses are
@@ -22,7 +24,8 @@
 //! `--kubelet-preferred-address-types`).
 //!
 //! Not forwarded: SPDY (kubectl only falls back to it when the WebSocket upgrade fails; it gets
-//! a clear error), `attach` and `portforward`.
+//! a clear error). kubectl 1.31+ `port-forward` tunnels SPDY inside WebSocket
+//! (`SPDY/3.1+portforward.k8s.io`); that passes through only if the kubelet speaks it too.
 
 // `ApiError` is the crate's error type, returned by value by every handler.
 #![allow(clippy::result_large_err)]
@@ -329,8 +332,13 @@ pub struct ExecOptions {
 }
 
 impl ExecOptions {
-    /// Parses and validates the query.
+    /// Parses and validates an exec query.
     pub fn from_query(pod: &str, query: &str) -> Result<Self, ApiError> {
+        Self::parse(pod, query, true)
+    }
+
+    /// Parses and validates an exec (`require_command`) or attach query.
+    pub fn parse(pod: &str, query: &str, require_command: bool) -> Result<Self, ApiError> {
         let mut opts = ExecOptions::default();
         for (key, value) in query_pairs(query) {
             match key.as_str() {
@@ -344,7 +352,7 @@ impl ExecOptions {
             }
         }
         let mut causes = Vec::new();
-        if opts.command.is_empty() {
+        if require_command && opts.command.is_empty() {
             causes.push(crate::error::Cause {
                 reason: "FieldValueRequired".to_owned(),
                 message: "Required value: you must specify at least 1 command".to_owned(),
@@ -360,7 +368,12 @@ impl ExecOptions {
             });
         }
         if !causes.is_empty() {
-            return Err(ApiError::invalid("", "PodExecOptions", pod, &causes));
+            let kind = if require_command {
+                "PodExecOptions"
+            } else {
+                "PodAttachOptions"
+            };
+            return Err(ApiError::invalid("", kind, pod, &causes));
         }
         Ok(opts)
     }
@@ -501,6 +514,74 @@ fn is_websocket(parts: &http::request::Parts) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
 }
 
+/// The streaming pod subresources, each tunnelled to the kubelet over WebSocket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamKind {
+    /// `pods/exec` → `/exec/{ns}/{pod}/{container}`.
+    Exec,
+    /// `pods/attach` → `/attach/{ns}/{pod}/{container}`.
+    Attach,
+    /// `pods/portforward` → `/portForward/{ns}/{pod}`.
+    PortForward,
+}
+
+impl StreamKind {
+    fn subresource(self) -> &'static str {
+        match self {
+            StreamKind::Exec => "exec",
+            StreamKind::Attach => "attach",
+            StreamKind::PortForward => "portforward",
+        }
+    }
+}
+
+/// The kubelet query for `pods/portforward`: the client's `ports=80,443` (or repeated `ports`)
+/// become the kubelet's repeated `port`, as kube-apiserver translates them.
+pub fn port_forward_query(pod: &str, query: &str) -> Result<String, ApiError> {
+    let mut out = form_urlencoded::Serializer::new(String::new());
+    let mut any = false;
+    for (key, value) in query_pairs(query) {
+        if key != "ports" {
+            continue;
+        }
+        for port in value.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            match port.parse::<u16>() {
+                Ok(p) if p > 0 => {
+                    out.append_pair("port", port);
+                    any = true;
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        "",
+                        "PodPortForwardOptions",
+                        pod,
+                        &[crate::error::Cause {
+                            reason: "FieldValueInvalid".to_owned(),
+                            message: format!(
+                                "Invalid value: {port:?}: must be a port between 1 and 65535"
+                            ),
+                            field: "ports".to_owned(),
+                        }],
+                    ));
+                }
+            }
+        }
+    }
+    if !any {
+        return Err(ApiError::invalid(
+            "",
+            "PodPortForwardOptions",
+            pod,
+            &[crate::error::Cause {
+                reason: "FieldValueRequired".to_owned(),
+                message: "Required value: at least one port is required".to_owned(),
+                field: "ports".to_owned(),
+            }],
+        ));
+    }
+    Ok(out.finish())
+}
+
 /// Serves `GET .../pods/{name}/exec` (a WebSocket upgrade) for `pod` by tunnelling to the
 /// kubelet's `/exec` WebSocket. Everything that can fail is checked before the client's
 /// connection is upgraded, so errors reach the client as ordinary Status responses.
@@ -510,10 +591,46 @@ pub async fn proxy_exec(
     node: Option<&Value>,
     request: http::Request<Body>,
 ) -> Result<Response, ApiError> {
+    proxy_stream(client, pod, node, request, StreamKind::Exec).await
+}
+
+/// Serves `pods/exec`, `pods/attach` or `pods/portforward` as a WebSocket tunnel to the
+/// kubelet: frames are copied unchanged in both directions, under the subprotocol the kubelet
+/// chose among those the client offered.
+pub async fn proxy_stream(
+    client: &KubeletClient,
+    pod: &Value,
+    node: Option<&Value>,
+    request: http::Request<Body>,
+    kind: StreamKind,
+) -> Result<Response, ApiError> {
     let name = pod_name(pod);
     let (mut parts, _body) = request.into_parts();
-    let opts = ExecOptions::from_query(name, parts.uri.query().unwrap_or(""))?;
-    let container = resolve_container(pod, opts.container.as_deref())?;
+    let query = parts.uri.query().unwrap_or("");
+    let namespace = pod
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let path = match kind {
+        StreamKind::Exec | StreamKind::Attach => {
+            let opts = ExecOptions::parse(name, query, kind == StreamKind::Exec)?;
+            let container = resolve_container(pod, opts.container.as_deref())?;
+            format!(
+                "/{}/{}/{}/{}?{}",
+                kind.subresource(),
+                path_segment(namespace),
+                path_segment(name),
+                path_segment(&container),
+                opts.kubelet_query()
+            )
+        }
+        StreamKind::PortForward => format!(
+            "/portForward/{}/{}?{}",
+            path_segment(namespace),
+            path_segment(name),
+            port_forward_query(name, query)?
+        ),
+    };
     let Some(node_name) = node_name(pod) else {
         return Err(ApiError::bad_request(format!(
             "pod {name} does not have a host assigned"
@@ -521,23 +638,13 @@ pub async fn proxy_exec(
     };
     let target = kubelet_target(node_name, node)?;
     if !is_websocket(&parts) {
-        return Err(ApiError::bad_request(
-            "this server streams exec over WebSocket only (subprotocols v5.channel.k8s.io and \
+        return Err(ApiError::bad_request(format!(
+            "this server streams {} over WebSocket only (subprotocols v5.channel.k8s.io and \
              v4.channel.k8s.io); SPDY is not supported: use a client that speaks WebSocket \
              (kubectl 1.30+ does by default)",
-        ));
+            kind.subresource()
+        )));
     }
-    let namespace = pod
-        .pointer("/metadata/namespace")
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let path = format!(
-        "/exec/{}/{}/{}?{}",
-        path_segment(namespace),
-        path_segment(name),
-        path_segment(&container),
-        opts.kubelet_query()
-    );
     let offered = offered_protocols(&parts);
     let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &())
         .await
@@ -666,7 +773,18 @@ async fn serve(
             let query = request.uri().query().unwrap_or("").to_owned();
             proxy_log(client, &pod, node.as_deref(), &query).await
         }
-        "exec" => proxy_exec(client, &pod, node.as_deref(), request).await,
+        "exec" => proxy_stream(client, &pod, node.as_deref(), request, StreamKind::Exec).await,
+        "attach" => proxy_stream(client, &pod, node.as_deref(), request, StreamKind::Attach).await,
+        "portforward" => {
+            proxy_stream(
+                client,
+                &pod,
+                node.as_deref(),
+                request,
+                StreamKind::PortForward,
+            )
+            .await
+        }
         other => Err(ApiError::no_such_resource().with_details("", &format!("pods/{other}"), name)),
     }
 }
@@ -795,6 +913,27 @@ mod tests {
         assert_eq!(e.code, 422);
         let e = LogOptions::from_query("web", "follow=maybe").expect_err("bool");
         assert_eq!(e.code, 400);
+    }
+
+    #[test]
+    fn port_forward_ports_become_kubelet_port_parameters() {
+        assert_eq!(
+            port_forward_query("web", "ports=80,443&ports=8080").expect("valid"),
+            "port=80&port=443&port=8080"
+        );
+        assert_eq!(port_forward_query("web", "").expect_err("none").code, 422);
+        assert_eq!(
+            port_forward_query("web", "ports=0").expect_err("zero").code,
+            422
+        );
+        assert_eq!(
+            port_forward_query("web", "ports=http")
+                .expect_err("name")
+                .code,
+            422
+        );
+        let attach = ExecOptions::parse("web", "stdout=true&tty=true", false).expect("attach");
+        assert_eq!(attach.kubelet_query(), "output=1&tty=1");
     }
 
     #[test]

@@ -283,7 +283,7 @@ pub fn builtins() -> Vec<ResourceType> {
         builtin::<core::Pod>()
             .short(&["po"])
             .categories(&["all"])
-            .subs(&["binding", "eviction", "exec", "log", "status"])
+            .subs(&["attach", "binding", "eviction", "exec", "log", "portforward", "status"])
             .fields(&[
                 "spec.nodeName",
                 "spec.restartPolicy",
