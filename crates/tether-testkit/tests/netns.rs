@@ -241,52 +241,6 @@ fn run_exec_and_spawn_happen_inside_the_namespace() {
 }
 
 #[test]
-fn sweep_removes_namespaces_of_a_killed_run() {
-    if !require_root_or_skip() {
-        return;
-    }
-    // A PID above pid_max can never be alive: this namespace looks like a killed run's leftover.
-    let pid_max: u64 = std::fs::read_to_string("/proc/sys/kernel/pid_max")
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
-    let stale = format!("tt{}-0-stale", pid_max + 1);
-    let status = Command::new("ip")
-        .args(["netns", "add", &stale])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    // Something the killed run left running inside keeps the namespace alive: it must be killed.
-    let mut leftover = Command::new("ip")
-        .args(["netns", "exec", &stale, "sleep", "30"])
-        .spawn()
-        .unwrap();
-    tether_testkit::assert_eventually!(
-        std::fs::read_link(format!("/proc/{}/exe", leftover.id()))
-            .is_ok_and(|exe| exe.ends_with("sleep")),
-        TIMEOUT,
-        "leftover process did not start"
-    );
-
-    sweep_stale_namespaces();
-
-    assert!(
-        !list_namespaces().contains(&stale),
-        "stale namespace survived the sweep"
-    );
-    let status = leftover.wait().unwrap();
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(9)
-    );
-    // Our own namespaces are never swept.
-    let mine = Netns::new("alive").unwrap();
-    sweep_stale_namespaces();
-    assert!(list_namespaces().contains(&mine.name().to_owned()));
-}
-
-#[test]
 fn underlay_offloads_can_be_turned_off() {
     if !require_tools_or_skip(&["ethtool"]) {
         return;
@@ -321,5 +275,137 @@ fn underlay_offloads_can_be_turned_off() {
     assert!(
         features.contains("generic-segmentation-offload: off"),
         "{features}"
+    );
+}
+
+#[test]
+fn sweep_removes_namespaces_of_a_killed_owner_and_spots_pid_reuse() {
+    if !require_root_or_skip() {
+        return;
+    }
+    // The automatic sweep runs once per process, on the first namespace; get it out of the way
+    // so it cannot race with the checks below.
+    let _first = Netns::new("sweep").unwrap();
+    // A real owner that dies without cleaning up: a shell creates a namespace named after its
+    // own PID, starts something inside, and is SIGKILLed.
+    let mut owner = Command::new("sh")
+        .args([
+            "-c",
+            "ip netns add tt$$-0-killed && (ip netns exec tt$$-0-killed sleep 60 &) && echo tt$$-0-killed && exec sleep 60",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut name = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(owner.stdout.take().unwrap()),
+        &mut name,
+    )
+    .unwrap();
+    let killed = name.trim().to_owned();
+    let pids_inside = || -> Vec<u32> {
+        let output = Command::new("ip")
+            .args(["netns", "pids", &killed])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    // The background `ip netns exec` may not have entered the namespace yet.
+    tether_testkit::assert_eventually!(
+        pids_inside().len() == 1,
+        TIMEOUT,
+        "one process should run inside {killed}"
+    );
+    let inside = pids_inside();
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    assert!(
+        list_namespaces().contains(&killed),
+        "the killed owner left its namespace"
+    );
+
+    // A live process whose recorded start time differs: its PID was reused, the owner is gone.
+    let mut reused = Command::new("sleep").arg("30").spawn().unwrap();
+    let reused_ns = format!("tt{}-0-reused", reused.id());
+    assert!(
+        Command::new("ip")
+            .args(["netns", "add", &reused_ns])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::fs::write(format!("/run/tether-testkit/{}", reused.id()), "1").unwrap();
+    // A live owner with a matching record keeps its namespace.
+    let live = Command::new("sleep").arg("30").spawn().unwrap();
+    let mut live = tether_testkit::ProcessGuard::new(live, "live owner");
+    let live_ns = format!("tt{}-0-live", live.pid());
+    assert!(
+        Command::new("ip")
+            .args(["netns", "add", &live_ns])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    let removed = sweep_stale_namespaces();
+
+    let listed = list_namespaces();
+    assert!(!listed.contains(&killed), "{removed:?}");
+    assert!(!listed.contains(&reused_ns), "{removed:?}");
+    assert!(
+        listed.contains(&live_ns),
+        "a live owner's namespace was swept: {removed:?}"
+    );
+    tether_testkit::assert_eventually!(
+        !std::path::Path::new(&format!("/proc/{}", inside[0])).exists(),
+        TIMEOUT,
+        "the process left inside the killed owner's namespace was not stopped"
+    );
+    reused.kill().unwrap();
+    reused.wait().unwrap();
+    live.stop().unwrap();
+    // Now that its owner is gone, the next sweep takes the last one too.
+    sweep_stale_namespaces();
+    assert!(!list_namespaces().contains(&live_ns));
+}
+
+#[test]
+fn children_die_with_the_thread_that_spawned_them() {
+    if !require_root_or_skip() {
+        return;
+    }
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+    let ns = Netns::new("pdeath").unwrap();
+    // Stands in for a test runner that is killed: the spawning thread ends without dropping
+    // the child's guard.
+    let pid = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut command = ns.command("sleep").unwrap();
+                command.arg("30");
+                command.spawn().unwrap().id()
+            })
+            .join()
+            .unwrap()
+    });
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    let status = loop {
+        let now = waitpid(pid, Some(WaitPidFlag::WNOHANG)).unwrap();
+        if now != WaitStatus::StillAlive {
+            break now;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the child outlived its spawning thread"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(
+        status,
+        WaitStatus::Signaled(pid, nix::sys::signal::Signal::SIGKILL, false)
     );
 }
