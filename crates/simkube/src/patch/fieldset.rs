@@ -5,6 +5,7 @@
 //! have *children* (something below them is owned). `FieldsV1` writes a member as `{}` and a
 //! node that is both a member and a parent with a `"."` entry.
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
@@ -12,8 +13,9 @@ use serde_json::{Map, Value};
 
 /// One step of a field path.
 ///
-/// The variant order is the order structured-merge-diff sorts path elements in.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Path elements sort as structured-merge-diff sorts them: fields, then keys, then values,
+/// then indices; keys field by field and values by type, then numerically or lexically.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum PathElement {
     /// A field of an object: `f:<name>`.
     Field(String),
@@ -79,6 +81,79 @@ impl PathElement {
                 .map_err(|e| format!("invalid index {rest:?}: {e}")),
             _ => Err(format!("unknown path element prefix {prefix:?}")),
         }
+    }
+}
+
+impl PathElement {
+    fn rank(&self) -> u8 {
+        match self {
+            PathElement::Field(_) => 0,
+            PathElement::Key(_) => 1,
+            PathElement::Value(_) => 2,
+            PathElement::Index(_) => 3,
+        }
+    }
+}
+
+impl Ord for PathElement {
+    fn cmp(&self, other: &Self) -> Ordering {
+        match (self, other) {
+            (PathElement::Field(a), PathElement::Field(b)) => a.cmp(b),
+            (PathElement::Index(a), PathElement::Index(b)) => a.cmp(b),
+            (PathElement::Key(a), PathElement::Key(b))
+            | (PathElement::Value(a), PathElement::Value(b)) => {
+                let parse = |s: &str| serde_json::from_str::<Value>(s).unwrap_or(Value::Null);
+                compare_values(&parse(a), &parse(b)).then_with(|| a.cmp(b))
+            }
+            _ => self.rank().cmp(&other.rank()),
+        }
+    }
+}
+
+impl PartialOrd for PathElement {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A total order on JSON values: by type, then numbers numerically, strings lexically, lists
+/// element-wise, objects field by field (keys sorted).
+fn compare_values(a: &Value, b: &Value) -> Ordering {
+    fn rank(v: &Value) -> u8 {
+        match v {
+            Value::Null => 0,
+            Value::Bool(_) => 1,
+            Value::Number(_) => 2,
+            Value::String(_) => 3,
+            Value::Array(_) => 4,
+            Value::Object(_) => 5,
+        }
+    }
+    match (a, b) {
+        (Value::Bool(x), Value::Bool(y)) => x.cmp(y),
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap_or(0.0), y.as_f64().unwrap_or(0.0));
+            x.total_cmp(&y)
+        }
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        (Value::Array(x), Value::Array(y)) => x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| compare_values(p, q))
+            .find(|o| o.is_ne())
+            .unwrap_or_else(|| x.len().cmp(&y.len())),
+        (Value::Object(x), Value::Object(y)) => {
+            let mut xs: Vec<(&String, &Value)> = x.iter().collect();
+            let mut ys: Vec<(&String, &Value)> = y.iter().collect();
+            xs.sort_by(|p, q| p.0.cmp(q.0));
+            ys.sort_by(|p, q| p.0.cmp(q.0));
+            xs.iter()
+                .zip(&ys)
+                .map(|((kx, vx), (ky, vy))| kx.cmp(ky).then_with(|| compare_values(vx, vy)))
+                .find(|o| o.is_ne())
+                .unwrap_or_else(|| xs.len().cmp(&ys.len()))
+        }
+        _ => rank(a).cmp(&rank(b)),
     }
 }
 

@@ -686,3 +686,36 @@ mod list_properties {
         }
     }
 }
+
+#[test]
+fn fields_v1_orders_keys_like_structured_merge_diff() {
+    let mut set = FieldSet::new();
+    for port in [443, 80, 8080] {
+        set.insert(&[
+            PathElement::Field("ports".into()),
+            PathElement::key(&[
+                ("port".into(), json!(port)),
+                ("protocol".into(), json!("TCP")),
+            ]),
+        ]);
+    }
+    set.insert(&[
+        PathElement::Field("ports".into()),
+        PathElement::Field("zz".into()),
+    ]);
+    let keys: Vec<String> = set.to_fields_v1()["f:ports"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "f:zz",
+            "k:{\"port\":80,\"protocol\":\"TCP\"}",
+            "k:{\"port\":443,\"protocol\":\"TCP\"}",
+            "k:{\"port\":8080,\"protocol\":\"TCP\"}"
+        ]
+    );
+}
