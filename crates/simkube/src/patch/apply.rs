@@ -142,6 +142,7 @@ fn without_managed_fields(obj: &Value) -> Value {
 /// (removing the key when there are none).
 fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
     entries.retain(|e| !e.set.is_empty());
+    cap_update_managers(&mut entries);
     entries.sort_by(|p, q| {
         p.operation
             .cmp(&q.operation)
@@ -169,6 +170,57 @@ fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
             "managedFields".into(),
             Value::Array(entries.iter().map(Entry::encode).collect()),
         );
+    }
+}
+
+/// The most Update entries an object keeps (upstream `DefaultMaxUpdateManagers`).
+const MAX_UPDATE_MANAGERS: usize = 10;
+
+/// Folds the oldest Update entries into `ancient-changes` entries (one per apiVersion) until at
+/// most [`MAX_UPDATE_MANAGERS`] Update entries remain, as upstream `capManagersManager` does.
+fn cap_update_managers(entries: &mut Vec<Entry>) {
+    let mut updaters: Vec<usize> = (0..entries.len())
+        .filter(|i| entries[*i].operation != "Apply")
+        .collect();
+    if updaters.len() <= MAX_UPDATE_MANAGERS {
+        return;
+    }
+    updaters.sort_by(|a, b| {
+        let (x, y) = (&entries[*a], &entries[*b]);
+        x.time
+            .as_deref()
+            .unwrap_or("")
+            .cmp(y.time.as_deref().unwrap_or(""))
+            .then_with(|| x.identity().cmp(&y.identity()))
+    });
+    let mut remaining = updaters.len();
+    let mut first_of_version: Vec<(String, usize)> = Vec::new();
+    let mut dropped: Vec<usize> = Vec::new();
+    for i in updaters {
+        if remaining <= MAX_UPDATE_MANAGERS {
+            break;
+        }
+        let version = entries[i].api_version.clone();
+        match first_of_version
+            .iter()
+            .find(|(v, _)| *v == version)
+            .map(|(_, f)| *f)
+        {
+            Some(bucket) => {
+                let (set, time) = (entries[i].set.clone(), entries[i].time.clone());
+                let b = &mut entries[bucket];
+                b.manager = "ancient-changes".into();
+                b.set = b.set.union(&set);
+                b.time = time;
+                dropped.push(i);
+                remaining -= 1;
+            }
+            None => first_of_version.push((version, i)),
+        }
+    }
+    dropped.sort_unstable();
+    for i in dropped.into_iter().rev() {
+        entries.remove(i);
     }
 }
 

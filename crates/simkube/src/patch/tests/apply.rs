@@ -719,3 +719,33 @@ fn fields_v1_orders_keys_like_structured_merge_diff() {
         ]
     );
 }
+
+#[test]
+fn more_than_ten_updaters_fold_into_ancient_changes() {
+    let mut obj = cm(json!({}));
+    for i in 0..12 {
+        let mut next = obj.clone();
+        next["data"][format!("k{i}")] = json!("v");
+        update_managed_fields(
+            Some(&obj),
+            &mut next,
+            &format!("writer-{i:02}"),
+            "Update",
+            &format!("2026-01-01T00:00:{i:02}Z"),
+        );
+        obj = next;
+    }
+    let managers: Vec<String> = entries(&obj)
+        .iter()
+        .map(|e| e["manager"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(managers.len(), 10, "{managers:?}");
+    assert_eq!(managers[0], "ancient-changes");
+    assert_eq!(managers[9], "writer-11");
+    let ancient = entry(&obj, "ancient-changes").unwrap();
+    assert_eq!(
+        ancient["fieldsV1"],
+        json!({"f:data": {"f:k0": {}, "f:k1": {}, "f:k2": {}}})
+    );
+    assert_eq!(ancient["time"], "2026-01-01T00:00:02Z");
+}
