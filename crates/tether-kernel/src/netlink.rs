@@ -386,3 +386,74 @@ pub(crate) async fn del_address(
         result => result.map_err(|e| KernelError::netlink(format!("delete address {address}"), e)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn links() -> Links {
+        Links {
+            by_index: BTreeMap::from([(7, "tether-b".to_owned())]),
+        }
+    }
+
+    #[test]
+    fn routes_round_trip_through_messages() {
+        for table in [100, 7700] {
+            let route = Route {
+                table,
+                dst: "10.0.0.0/16".parse().unwrap(),
+                dev: "tether-b".to_owned(),
+                src: Some("169.254.18.1".parse().unwrap()),
+            };
+            let message = route_message(&route, 7, 116);
+            assert_eq!(u8::from(message.header.protocol), 116);
+            assert_eq!(message.header.scope, RouteScope::Link);
+            assert_eq!(route_from_message(&message, &links()), Some(route));
+        }
+    }
+
+    #[test]
+    fn rules_round_trip_through_messages() {
+        let rules = [
+            Rule {
+                priority: 7700,
+                fwmark: Some((0x7701, 0xffff)),
+                iif: None,
+                dst: None,
+                table: 7701,
+            },
+            Rule {
+                priority: 100,
+                fwmark: None,
+                iif: Some("pods0".to_owned()),
+                dst: Some("10.0.0.0/16".parse().unwrap()),
+                table: 100,
+            },
+        ];
+        for rule in rules {
+            let message = rule_message(&rule, 116);
+            assert_eq!(rule_protocol(&message), Some(116));
+            assert_eq!(rule_from_message(&message), Some(rule));
+        }
+    }
+
+    #[test]
+    fn a_mark_without_mask_reads_as_a_full_mask() {
+        let mut message = rule_message(
+            &Rule {
+                priority: 1,
+                fwmark: None,
+                iif: None,
+                dst: None,
+                table: 5,
+            },
+            116,
+        );
+        message.attributes.push(RuleAttribute::FwMark(0x10));
+        assert_eq!(
+            rule_from_message(&message).unwrap().fwmark,
+            Some((0x10, u32::MAX))
+        );
+    }
+}
