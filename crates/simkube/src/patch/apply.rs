@@ -14,14 +14,17 @@
 //! - Updates (PUT, non-apply PATCH, create) make their manager own what they changed or added;
 //!   other managers lose what they changed or removed.
 //! - `apiVersion`, `kind` and the server-set metadata fields are never owned; `.status` is not
-//!   owned through the main resource of a type with a status subresource, nor `.spec` through
-//!   `/status`.
+//!   owned, merged or compared through the main resource of a type with a status subresource,
+//!   nor `.spec` through `/status`, so those never conflict.
+//! - More than ten Update entries fold, oldest first, into `ancient-changes` entries.
 //!
 //! Deliberate approximations: list element order follows upstream's merge order rules but
-//! duplicate keys are not diagnosed; no schema validation happens here; the ten-updaters cap
-//! (`ancient-changes`) is not applied; an updater's newly created intermediate *struct* fields
-//! are not recorded as members (upstream records pointer structs but not value structs, which
-//! JSON alone cannot tell apart).
+//! duplicate keys in a list are not diagnosed, and a map-list element that lacks a key field
+//! without a schema default is addressed by its index instead of being refused; no schema
+//! validation happens here; an updater's newly created intermediate *struct* fields are not
+//! recorded as members (upstream records pointer structs but not value structs, which JSON
+//! alone cannot tell apart); the `before-first-apply` and client-side-apply upgrade paths of
+//! the real field manager are not modelled.
 
 use serde_json::{Map, Value, json};
 
