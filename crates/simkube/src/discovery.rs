@@ -778,7 +778,7 @@ mod tests {
         let groups: meta::APIGroupList =
             serde_json::from_value(api_group_list(&reg)).expect("APIGroupList");
         let names: Vec<&str> = groups.groups.iter().map(|g| g.name.as_str()).collect();
-        expect!["apiextensions.k8s.io apps authentication.k8s.io authorization.k8s.io certificates.k8s.io coordination.k8s.io discovery.k8s.io events.k8s.io rbac.authorization.k8s.io"]
+        expect!["apiextensions.k8s.io apps admissionregistration.k8s.io batch networking.k8s.io policy scheduling.k8s.io storage.k8s.io authentication.k8s.io authorization.k8s.io certificates.k8s.io coordination.k8s.io discovery.k8s.io events.k8s.io rbac.authorization.k8s.io"]
         .assert_eq(&names.join(" "));
         let apps: meta::APIGroup =
             serde_json::from_value(api_group(&reg, "apps").expect("apps")).expect("APIGroup");
@@ -825,17 +825,26 @@ mod tests {
             configmaps ns=true ConfigMap [create,delete,deletecollection,get,list,patch,update,watch] short=["cm"] cat=[]
             endpoints ns=true Endpoints [create,delete,deletecollection,get,list,patch,update,watch] short=["ep"] cat=[]
             events ns=true Event [create,delete,deletecollection,get,list,patch,update,watch] short=["ev"] cat=[]
+            limitranges ns=true LimitRange [create,delete,deletecollection,get,list,patch,update,watch] short=["limits"] cat=[]
             namespaces ns=false Namespace [create,delete,get,list,patch,update,watch] short=["ns"] cat=[]
             namespaces/finalize ns=false Namespace [update] short=[] cat=[]
             namespaces/status ns=false Namespace [get,patch,update] short=[] cat=[]
             nodes ns=false Node [create,delete,deletecollection,get,list,patch,update,watch] short=["no"] cat=[]
             nodes/status ns=false Node [get,patch,update] short=[] cat=[]
+            persistentvolumeclaims ns=true PersistentVolumeClaim [create,delete,deletecollection,get,list,patch,update,watch] short=["pvc"] cat=[]
+            persistentvolumeclaims/status ns=true PersistentVolumeClaim [get,patch,update] short=[] cat=[]
+            persistentvolumes ns=false PersistentVolume [create,delete,deletecollection,get,list,patch,update,watch] short=["pv"] cat=[]
+            persistentvolumes/status ns=false PersistentVolume [get,patch,update] short=[] cat=[]
             pods ns=true Pod [create,delete,deletecollection,get,list,patch,update,watch] short=["po"] cat=["all"]
+            pods/attach ns=true PodAttachOptions [create,get] short=[] cat=[]
             pods/binding ns=true Binding [create] short=[] cat=[]
             pods/eviction ns=true Eviction (policy/v1) [create] short=[] cat=[]
             pods/exec ns=true PodExecOptions [create,get] short=[] cat=[]
             pods/log ns=true Pod [get] short=[] cat=[]
+            pods/portforward ns=true PodPortForwardOptions [create,get] short=[] cat=[]
             pods/status ns=true Pod [get,patch,update] short=[] cat=[]
+            resourcequotas ns=true ResourceQuota [create,delete,deletecollection,get,list,patch,update,watch] short=["quota"] cat=[]
+            resourcequotas/status ns=true ResourceQuota [get,patch,update] short=[] cat=[]
             secrets ns=true Secret [create,delete,deletecollection,get,list,patch,update,watch] short=[] cat=[]
             serviceaccounts ns=true ServiceAccount [create,delete,deletecollection,get,list,patch,update,watch] short=["sa"] cat=[]
             serviceaccounts/token ns=true TokenRequest (authentication.k8s.io/v1) [create] short=[] cat=[]
@@ -851,12 +860,17 @@ mod tests {
             serde_json::from_value(api_resource_list(&reg, "apps", "v1").expect("apps"))
                 .expect("APIResourceList");
         expect![[r#"
+            daemonsets ns=true DaemonSet [create,delete,deletecollection,get,list,patch,update,watch] short=["ds"] cat=["all"]
+            daemonsets/status ns=true DaemonSet [get,patch,update] short=[] cat=[]
             deployments ns=true Deployment [create,delete,deletecollection,get,list,patch,update,watch] short=["deploy"] cat=["all"]
             deployments/scale ns=true Scale (autoscaling/v1) [get,patch,update] short=[] cat=[]
             deployments/status ns=true Deployment [get,patch,update] short=[] cat=[]
             replicasets ns=true ReplicaSet [create,delete,deletecollection,get,list,patch,update,watch] short=["rs"] cat=["all"]
             replicasets/scale ns=true Scale (autoscaling/v1) [get,patch,update] short=[] cat=[]
-            replicasets/status ns=true ReplicaSet [get,patch,update] short=[] cat=[]"#]]
+            replicasets/status ns=true ReplicaSet [get,patch,update] short=[] cat=[]
+            statefulsets ns=true StatefulSet [create,delete,deletecollection,get,list,patch,update,watch] short=["sts"] cat=["all"]
+            statefulsets/scale ns=true Scale (autoscaling/v1) [get,patch,update] short=[] cat=[]
+            statefulsets/status ns=true StatefulSet [get,patch,update] short=[] cat=[]"#]]
         .assert_eq(&summarize(&apps));
         let authz: meta::APIResourceList = serde_json::from_value(
             api_resource_list(&reg, "authorization.k8s.io", "v1").expect("authz"),
@@ -901,7 +915,18 @@ mod tests {
             .iter()
             .filter_map(|s| s.subresource.as_deref())
             .collect();
-        assert_eq!(subs, ["binding", "eviction", "exec", "log", "status"]);
+        assert_eq!(
+            subs,
+            [
+                "attach",
+                "binding",
+                "eviction",
+                "exec",
+                "log",
+                "portforward",
+                "status"
+            ]
+        );
         assert_eq!(pods.scope.as_deref(), Some("Namespaced"));
 
         let groups: APIGroupDiscoveryList =

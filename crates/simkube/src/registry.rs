@@ -260,9 +260,10 @@ const EVENT_FIELDS: &[&str] = &[
 /// kube-apiserver for the same resources.
 pub fn builtins() -> Vec<ResourceType> {
     use k8s_openapi::api::{
-        apps::v1 as apps, authorization::v1 as authz, certificates::v1 as certs,
-        coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
-        rbac::v1 as rbac,
+        admissionregistration::v1 as admission, apps::v1 as apps, authorization::v1 as authz,
+        batch::v1 as batch, certificates::v1 as certs, coordination::v1 as coord, core::v1 as core,
+        discovery::v1 as disc, events::v1 as events, networking::v1 as net, policy::v1 as policy,
+        rbac::v1 as rbac, scheduling::v1 as sched, storage::v1 as storage,
     };
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
 
@@ -283,7 +284,15 @@ pub fn builtins() -> Vec<ResourceType> {
         builtin::<core::Pod>()
             .short(&["po"])
             .categories(&["all"])
-            .subs(&["attach", "binding", "eviction", "exec", "log", "portforward", "status"])
+            .subs(&[
+                "attach",
+                "binding",
+                "eviction",
+                "exec",
+                "log",
+                "portforward",
+                "status",
+            ])
             .fields(&[
                 "spec.nodeName",
                 "spec.restartPolicy",
@@ -295,6 +304,16 @@ pub fn builtins() -> Vec<ResourceType> {
                 "status.podIPs",
                 "status.nominatedNodeName",
             ]),
+        builtin::<core::LimitRange>().short(&["limits"]),
+        builtin::<core::PersistentVolumeClaim>()
+            .short(&["pvc"])
+            .subs(&["status"]),
+        builtin::<core::PersistentVolume>()
+            .short(&["pv"])
+            .subs(&["status"]),
+        builtin::<core::ResourceQuota>()
+            .short(&["quota"])
+            .subs(&["status"]),
         builtin::<core::Secret>().fields(&["type"]),
         builtin::<core::ServiceAccount>()
             .short(&["sa"])
@@ -313,11 +332,42 @@ pub fn builtins() -> Vec<ResourceType> {
             .short(&["deploy"])
             .categories(&["all"])
             .subs(&["scale", "status"]),
+        builtin::<apps::DaemonSet>()
+            .short(&["ds"])
+            .categories(&["all"])
+            .subs(&["status"]),
         builtin::<apps::ReplicaSet>()
             .short(&["rs"])
             .categories(&["all"])
             .subs(&["scale", "status"])
             .fields(&["status.replicas"]),
+        builtin::<apps::StatefulSet>()
+            .short(&["sts"])
+            .categories(&["all"])
+            .subs(&["scale", "status"]),
+        // admissionregistration.k8s.io/v1: stored, not called.
+        builtin::<admission::MutatingWebhookConfiguration>(),
+        builtin::<admission::ValidatingWebhookConfiguration>(),
+        // batch/v1
+        builtin::<batch::CronJob>()
+            .short(&["cj"])
+            .categories(&["all"])
+            .subs(&["status"]),
+        builtin::<batch::Job>()
+            .categories(&["all"])
+            .subs(&["status"])
+            .fields(&["status.successful"]),
+        // networking.k8s.io/v1
+        builtin::<net::Ingress>().short(&["ing"]).subs(&["status"]),
+        builtin::<net::NetworkPolicy>().short(&["netpol"]),
+        // policy/v1
+        builtin::<policy::PodDisruptionBudget>()
+            .short(&["pdb"])
+            .subs(&["status"]),
+        // scheduling.k8s.io/v1
+        builtin::<sched::PriorityClass>().short(&["pc"]),
+        // storage.k8s.io/v1
+        builtin::<storage::StorageClass>().short(&["sc"]),
         // authorization.k8s.io/v1: a virtual resource, create only.
         // authentication.k8s.io/v1: `kubectl auth whoami`.
         builtin_unlisted::<k8s_openapi::api::authentication::v1::SelfSubjectReview>()

@@ -423,6 +423,468 @@ fn layout(group: &str, kind: &str) -> Option<Layout> {
             ],
             binding_cells,
         ),
+        ("apps", "DaemonSet") => l(
+            vec![
+                col(
+                    "Desired",
+                    "integer",
+                    0,
+                    "The desired number of nodes that should be running the daemon pod.",
+                ),
+                col(
+                    "Current",
+                    "integer",
+                    0,
+                    "The number of nodes that are running at least 1 daemon pod and are supposed to run the daemon pod.",
+                ),
+                col(
+                    "Ready",
+                    "integer",
+                    0,
+                    "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and ready.",
+                ),
+                col(
+                    "Up-to-date",
+                    "integer",
+                    0,
+                    "The total number of nodes that are running updated daemon pod",
+                ),
+                col(
+                    "Available",
+                    "integer",
+                    0,
+                    "The number of nodes that should be running the daemon pod and have one or more of the daemon pod running and available (ready for at least spec.minReadySeconds)",
+                ),
+                col(
+                    "Node Selector",
+                    "string",
+                    0,
+                    "NodeSelector is a selector which must be true for the pod to fit on a node.",
+                ),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "A label query over pods that are managed by the daemon set.",
+                ),
+            ],
+            daemonset_cells,
+        ),
+        ("apps", "StatefulSet") => l(
+            vec![
+                col("Ready", "string", 0, "Number of the pod with ready state"),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+            ],
+            statefulset_cells,
+        ),
+        ("batch", "Job") => l(
+            vec![
+                col("Status", "string", 0, "Status of the job."),
+                col(
+                    "Completions",
+                    "string",
+                    0,
+                    "The completion status of the job.",
+                ),
+                col(
+                    "Duration",
+                    "string",
+                    0,
+                    "Time required to complete the job.",
+                ),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "A label query over pods that should match the pod count.",
+                ),
+            ],
+            job_cells,
+        ),
+        ("batch", "CronJob") => l(
+            vec![
+                col(
+                    "Schedule",
+                    "string",
+                    0,
+                    "The schedule in Cron format, see https://en.wikipedia.org/wiki/Cron.",
+                ),
+                col(
+                    "Timezone",
+                    "string",
+                    0,
+                    "The time zone name for the given schedule.",
+                ),
+                col(
+                    "Suspend",
+                    "boolean",
+                    0,
+                    "This flag tells the controller to suspend subsequent executions.",
+                ),
+                col(
+                    "Active",
+                    "integer",
+                    0,
+                    "A list of pointers to currently running jobs.",
+                ),
+                col(
+                    "Last Schedule",
+                    "string",
+                    0,
+                    "Information when was the last time the job was successfully scheduled.",
+                ),
+                age_col(),
+                col(
+                    "Containers",
+                    "string",
+                    1,
+                    "Names of each container in the template.",
+                ),
+                col(
+                    "Images",
+                    "string",
+                    1,
+                    "Images referenced by each container in the template.",
+                ),
+                col(
+                    "Selector",
+                    "string",
+                    1,
+                    "A label query over pods that should match the pod count.",
+                ),
+            ],
+            cronjob_cells,
+        ),
+        ("", "PersistentVolumeClaim") => l(
+            vec![
+                col(
+                    "Status",
+                    "string",
+                    0,
+                    "Phase represents the current phase of PersistentVolumeClaim.",
+                ),
+                col(
+                    "Volume",
+                    "string",
+                    0,
+                    "volumeName is the binding reference to the PersistentVolume backing this claim.",
+                ),
+                col(
+                    "Capacity",
+                    "string",
+                    0,
+                    "capacity represents the actual resources of the underlying volume.",
+                ),
+                col(
+                    "Access Modes",
+                    "string",
+                    0,
+                    "accessModes contains the desired access modes the volume should have.",
+                ),
+                col(
+                    "StorageClass",
+                    "string",
+                    0,
+                    "storageClassName is the name of the StorageClass required by the claim.",
+                ),
+                col(
+                    "VolumeAttributesClass",
+                    "string",
+                    0,
+                    "currentVolumeAttributesClassName is the current name of the VolumeAttributesClass the PVC is using.",
+                ),
+                age_col(),
+                col(
+                    "VolumeMode",
+                    "string",
+                    1,
+                    "volumeMode defines what type of volume is required by the claim.",
+                ),
+            ],
+            pvc_cells,
+        ),
+        ("", "PersistentVolume") => l(
+            vec![
+                col(
+                    "Capacity",
+                    "string",
+                    0,
+                    "capacity is the description of the persistent volume's resources and capacity.",
+                ),
+                col(
+                    "Access Modes",
+                    "string",
+                    0,
+                    "accessModes contains all ways the volume can be mounted.",
+                ),
+                col(
+                    "Reclaim Policy",
+                    "string",
+                    0,
+                    "persistentVolumeReclaimPolicy defines what happens to a persistent volume when released from its claim.",
+                ),
+                col(
+                    "Status",
+                    "string",
+                    0,
+                    "phase indicates if a volume is available, bound to a claim, or released by a claim.",
+                ),
+                col(
+                    "Claim",
+                    "string",
+                    0,
+                    "claimRef is part of a bi-directional binding between PersistentVolume and PersistentVolumeClaim.",
+                ),
+                col(
+                    "StorageClass",
+                    "string",
+                    0,
+                    "storageClassName is the name of StorageClass to which this persistent volume belongs.",
+                ),
+                col(
+                    "VolumeAttributesClass",
+                    "string",
+                    0,
+                    "Name of VolumeAttributesClass to which this persistent volume belongs.",
+                ),
+                col(
+                    "Reason",
+                    "string",
+                    0,
+                    "reason is a brief CamelCase string that describes any failure.",
+                ),
+                age_col(),
+                col(
+                    "VolumeMode",
+                    "string",
+                    1,
+                    "volumeMode defines if a volume is intended to be used with a formatted filesystem or to remain in raw block state.",
+                ),
+            ],
+            pv_cells,
+        ),
+        ("", "ResourceQuota") => l(
+            vec![
+                age_col(),
+                col(
+                    "Request",
+                    "string",
+                    0,
+                    "Request represents a minimum amount of cpu/memory that a container may consume.",
+                ),
+                col(
+                    "Limit",
+                    "string",
+                    0,
+                    "Limits control the maximum amount of cpu/memory that a container may use independent of contention on the node.",
+                ),
+            ],
+            quota_cells,
+        ),
+        ("networking.k8s.io", "NetworkPolicy") => l(
+            vec![
+                col(
+                    "Pod-Selector",
+                    "string",
+                    0,
+                    "podSelector selects the pods to which this NetworkPolicy object applies.",
+                ),
+                age_col(),
+            ],
+            |o, now| {
+                vec![
+                    json!(format_label_selector(at(o, &["spec", "podSelector"]))),
+                    age(o, now),
+                ]
+            },
+        ),
+        ("networking.k8s.io", "Ingress") => l(
+            vec![
+                col(
+                    "Class",
+                    "string",
+                    0,
+                    "The name of the IngressClass resource.",
+                ),
+                col(
+                    "Hosts",
+                    "string",
+                    0,
+                    "Hosts that incoming requests are matched against before the ingress rule",
+                ),
+                col(
+                    "Address",
+                    "string",
+                    0,
+                    "Address is a list containing ingress points for the load-balancer",
+                ),
+                col(
+                    "Ports",
+                    "string",
+                    0,
+                    "Ports of TLS configurations that open",
+                ),
+                age_col(),
+            ],
+            ingress_cells,
+        ),
+        ("storage.k8s.io", "StorageClass") => l(
+            vec![
+                col(
+                    "Provisioner",
+                    "string",
+                    0,
+                    "provisioner indicates the type of the provisioner.",
+                ),
+                col(
+                    "ReclaimPolicy",
+                    "string",
+                    0,
+                    "reclaimPolicy controls the reclaimPolicy for dynamically provisioned PersistentVolumes of this storage class.",
+                ),
+                col(
+                    "VolumeBindingMode",
+                    "string",
+                    0,
+                    "volumeBindingMode indicates how PersistentVolumeClaims should be provisioned and bound.",
+                ),
+                col(
+                    "AllowVolumeExpansion",
+                    "string",
+                    0,
+                    "allowVolumeExpansion shows whether the storage class allow volume expand.",
+                ),
+                age_col(),
+            ],
+            storageclass_cells,
+        ),
+        ("scheduling.k8s.io", "PriorityClass") => l(
+            vec![
+                col(
+                    "Value",
+                    "integer",
+                    0,
+                    "value represents the integer value of this priority class.",
+                ),
+                col(
+                    "Global-Default",
+                    "boolean",
+                    0,
+                    "globalDefault specifies whether this PriorityClass should be considered as the default priority for pods that do not have any priority class.",
+                ),
+                age_col(),
+                col(
+                    "PreemptionPolicy",
+                    "string",
+                    0,
+                    "preemptionPolicy is the Policy for preempting pods with lower priority.",
+                ),
+            ],
+            |o, now| {
+                vec![
+                    json!(int_at(o, &["value"])),
+                    json!(
+                        o.get("globalDefault")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false)
+                    ),
+                    age(o, now),
+                    json!(match str_at(o, &["preemptionPolicy"]) {
+                        "" => "PreemptLowerPriority",
+                        p => p,
+                    }),
+                ]
+            },
+        ),
+        ("policy", "PodDisruptionBudget") => l(
+            vec![
+                col(
+                    "Min Available",
+                    "string",
+                    0,
+                    "The minimum number of pods that must be available simultaneously.",
+                ),
+                col(
+                    "Max Unavailable",
+                    "string",
+                    0,
+                    "The maximum number of pods that may be unavailable simultaneously.",
+                ),
+                col(
+                    "Allowed Disruptions",
+                    "integer",
+                    0,
+                    "Calculation of the current number of pods that may be disrupted.",
+                ),
+                age_col(),
+            ],
+            |o, now| {
+                let int_or_string = |v: Option<&Value>| match v {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(Value::Number(n)) => n.to_string(),
+                    _ => "N/A".to_owned(),
+                };
+                vec![
+                    json!(int_or_string(o.pointer("/spec/minAvailable"))),
+                    json!(int_or_string(o.pointer("/spec/maxUnavailable"))),
+                    json!(int_at(o, &["status", "disruptionsAllowed"])),
+                    age(o, now),
+                ]
+            },
+        ),
+        (
+            "admissionregistration.k8s.io",
+            "MutatingWebhookConfiguration" | "ValidatingWebhookConfiguration",
+        ) => l(
+            vec![
+                col(
+                    "Webhooks",
+                    "integer",
+                    0,
+                    "Webhooks indicates the number of webhooks in the configuration.",
+                ),
+                age_col(),
+            ],
+            |o, now| vec![json!(len_at(o, &["webhooks"])), age(o, now)],
+        ),
         ("rbac.authorization.k8s.io", "Role" | "ClusterRole") => l(
             vec![PrinterColumn {
                 format: String::new(),
@@ -501,14 +963,35 @@ fn definitions(p: &Printer) -> Vec<Value> {
 fn cells(p: &Printer, obj: &Value, now: Timestamp) -> Vec<Value> {
     let name = json!(str_at(obj, &["metadata", "name"]));
     match p {
-        Printer::Builtin(l) if l.name_first => {
-            std::iter::once(name).chain((l.cells)(obj, now)).collect()
-        }
+        Printer::Builtin(l) if l.name_first => std::iter::once(builtin_name(obj))
+            .chain((l.cells)(obj, now))
+            .collect(),
         Printer::Builtin(l) => (l.cells)(obj, now),
         Printer::Columns(cols) => std::iter::once(name)
             .chain(cols.iter().map(|c| column_cell(c, obj, now)))
             .collect(),
         Printer::Default => vec![name, json!(str_at(obj, &["metadata", "creationTimestamp"]))],
+    }
+}
+
+/// NAME of a built-in object; the default StorageClass is marked as kubectl users know it.
+fn builtin_name(obj: &Value) -> Value {
+    let name = str_at(obj, &["metadata", "name"]);
+    let default_class = [
+        "storageclass.kubernetes.io/is-default-class",
+        "storageclass.beta.kubernetes.io/is-default-class",
+    ]
+    .iter()
+    .any(|a| {
+        obj.pointer("/metadata/annotations")
+            .and_then(|m| m.get(*a))
+            .and_then(Value::as_str)
+            == Some("true")
+    });
+    if default_class {
+        json!(format!("{name} (default)"))
+    } else {
+        json!(name)
     }
 }
 
@@ -1265,6 +1748,321 @@ fn replicaset_cells(rs: &Value, now: Timestamp) -> Vec<Value> {
     ]
 }
 
+fn daemonset_cells(ds: &Value, now: Timestamp) -> Vec<Value> {
+    let (names, images) = template_summary(ds);
+    vec![
+        json!(int_at(ds, &["status", "desiredNumberScheduled"])),
+        json!(int_at(ds, &["status", "currentNumberScheduled"])),
+        json!(int_at(ds, &["status", "numberReady"])),
+        json!(int_at(ds, &["status", "updatedNumberScheduled"])),
+        json!(int_at(ds, &["status", "numberAvailable"])),
+        json!(or_none(format_labels(at(
+            ds,
+            &["spec", "template", "spec", "nodeSelector"]
+        )))),
+        age(ds, now),
+        json!(names),
+        json!(images),
+        json!(format_label_selector(at(ds, &["spec", "selector"]))),
+    ]
+}
+
+fn statefulset_cells(sts: &Value, now: Timestamp) -> Vec<Value> {
+    let desired = sts
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let (names, images) = template_summary(sts);
+    vec![
+        json!(format!(
+            "{}/{desired}",
+            int_at(sts, &["status", "readyReplicas"])
+        )),
+        age(sts, now),
+        json!(names),
+        json!(images),
+    ]
+}
+
+fn condition_true(obj: &Value, ty: &str) -> bool {
+    arr(obj, &["status", "conditions"])
+        .iter()
+        .any(|c| str_at(c, &["type"]) == ty && str_at(c, &["status"]) == "True")
+}
+
+fn job_cells(job: &Value, now: Timestamp) -> Vec<Value> {
+    let succeeded = int_at(job, &["status", "succeeded"]);
+    let completions = match job.pointer("/spec/completions").and_then(Value::as_i64) {
+        Some(c) => format!("{succeeded}/{c}"),
+        None => match job.pointer("/spec/parallelism").and_then(Value::as_i64) {
+            Some(p) if p > 1 => format!("{succeeded}/1 of {p}"),
+            _ => format!("{succeeded}/1"),
+        },
+    };
+    let status = if condition_true(job, "Complete") {
+        "Complete"
+    } else if condition_true(job, "Failed") {
+        "Failed"
+    } else if job
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+    {
+        "Terminating"
+    } else if condition_true(job, "FailureTarget") {
+        "FailureTarget"
+    } else if condition_true(job, "SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else if condition_true(job, "Suspended") {
+        "Suspended"
+    } else {
+        "Running"
+    };
+    let duration = match parse_time(str_at(job, &["status", "startTime"])) {
+        Some(start) => {
+            let end = parse_time(str_at(job, &["status", "completionTime"])).unwrap_or(now);
+            human_duration(end.as_second() - start.as_second())
+        }
+        None => String::new(),
+    };
+    let (names, images) = template_summary(job);
+    vec![
+        json!(status),
+        json!(completions),
+        json!(duration),
+        age(job, now),
+        json!(names),
+        json!(images),
+        json!(format_label_selector(at(job, &["spec", "selector"]))),
+    ]
+}
+
+fn cronjob_cells(cj: &Value, now: Timestamp) -> Vec<Value> {
+    let suspend = match cj.pointer("/spec/suspend").and_then(Value::as_bool) {
+        Some(true) => "True",
+        Some(false) => "False",
+        None => "<unset>",
+    };
+    let last = match parse_time(str_at(cj, &["status", "lastScheduleTime"])) {
+        Some(t) => human_duration(now.as_second() - t.as_second()),
+        None => "<none>".to_owned(),
+    };
+    let containers = arr(
+        cj,
+        &[
+            "spec",
+            "jobTemplate",
+            "spec",
+            "template",
+            "spec",
+            "containers",
+        ],
+    );
+    let names: Vec<&str> = containers.iter().map(|c| str_at(c, &["name"])).collect();
+    let images: Vec<&str> = containers.iter().map(|c| str_at(c, &["image"])).collect();
+    vec![
+        json!(str_at(cj, &["spec", "schedule"])),
+        json!(or_none(str_at(cj, &["spec", "timeZone"]).to_owned())),
+        json!(suspend),
+        json!(len_at(cj, &["status", "active"])),
+        json!(last),
+        age(cj, now),
+        json!(names.join(",")),
+        json!(images.join(",")),
+        json!(format_label_selector(at(
+            cj,
+            &["spec", "jobTemplate", "spec", "selector"]
+        ))),
+    ]
+}
+
+/// `RWO,ROX,RWX,RWOP`, as kubectl abbreviates access modes.
+fn access_modes(modes: &[Value]) -> String {
+    let has = |m: &str| modes.iter().any(|v| v.as_str() == Some(m));
+    let mut out = Vec::new();
+    for (long, short) in [
+        ("ReadWriteOnce", "RWO"),
+        ("ReadOnlyMany", "ROX"),
+        ("ReadWriteMany", "RWX"),
+        ("ReadWriteOncePod", "RWOP"),
+    ] {
+        if has(long) {
+            out.push(short);
+        }
+    }
+    out.join(",")
+}
+
+fn deleting(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+fn pvc_cells(pvc: &Value, now: Timestamp) -> Vec<Value> {
+    let phase = if deleting(pvc) {
+        "Terminating"
+    } else {
+        str_at(pvc, &["status", "phase"])
+    };
+    let bound = !str_at(pvc, &["spec", "volumeName"]).is_empty();
+    let (capacity, modes) = if bound {
+        (
+            str_at(pvc, &["status", "capacity", "storage"]).to_owned(),
+            access_modes(arr(pvc, &["status", "accessModes"])),
+        )
+    } else {
+        (String::new(), String::new())
+    };
+    let vac = match str_at(pvc, &["status", "currentVolumeAttributesClassName"]) {
+        "" => "<unset>",
+        v => v,
+    };
+    let mode = match str_at(pvc, &["spec", "volumeMode"]) {
+        "" => "<unset>",
+        m => m,
+    };
+    vec![
+        json!(phase),
+        json!(str_at(pvc, &["spec", "volumeName"])),
+        json!(capacity),
+        json!(modes),
+        json!(str_at(pvc, &["spec", "storageClassName"])),
+        json!(vac),
+        age(pvc, now),
+        json!(mode),
+    ]
+}
+
+fn pv_cells(pv: &Value, now: Timestamp) -> Vec<Value> {
+    let claim = match at(pv, &["spec", "claimRef"]) {
+        Some(c) if c.is_object() => {
+            format!("{}/{}", str_at(c, &["namespace"]), str_at(c, &["name"]))
+        }
+        _ => String::new(),
+    };
+    let phase = if deleting(pv) {
+        "Terminating"
+    } else {
+        str_at(pv, &["status", "phase"])
+    };
+    let vac = match str_at(pv, &["spec", "volumeAttributesClassName"]) {
+        "" => "<unset>",
+        v => v,
+    };
+    let mode = match str_at(pv, &["spec", "volumeMode"]) {
+        "" => "<unset>",
+        m => m,
+    };
+    vec![
+        json!(str_at(pv, &["spec", "capacity", "storage"])),
+        json!(access_modes(arr(pv, &["spec", "accessModes"]))),
+        json!(str_at(pv, &["spec", "persistentVolumeReclaimPolicy"])),
+        json!(phase),
+        json!(claim),
+        json!(str_at(pv, &["spec", "storageClassName"])),
+        json!(vac),
+        json!(str_at(pv, &["status", "reason"])),
+        age(pv, now),
+        json!(mode),
+    ]
+}
+
+fn quota_cells(q: &Value, now: Timestamp) -> Vec<Value> {
+    let mut requests = Vec::new();
+    let mut limits = Vec::new();
+    if let Some(Value::Object(hard)) = q.pointer("/status/hard") {
+        let mut keys: Vec<&String> = hard.keys().collect();
+        keys.sort();
+        for k in keys {
+            let used = q
+                .pointer(&format!(
+                    "/status/used/{}",
+                    k.replace('~', "~0").replace('/', "~1")
+                ))
+                .map(quantity_text)
+                .unwrap_or_else(|| "0".to_owned());
+            let entry = format!("{k}: {used}/{}", quantity_text(&hard[k]));
+            if k.starts_with("limits.") {
+                limits.push(entry);
+            } else {
+                requests.push(entry);
+            }
+        }
+    }
+    vec![
+        age(q, now),
+        json!(requests.join(", ")),
+        json!(limits.join(", ")),
+    ]
+}
+
+fn quantity_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn ingress_cells(ing: &Value, now: Timestamp) -> Vec<Value> {
+    let class = or_none(str_at(ing, &["spec", "ingressClassName"]).to_owned());
+    let hosts: Vec<String> = arr(ing, &["spec", "rules"])
+        .iter()
+        .map(|r| match str_at(r, &["host"]) {
+            "" => "*".to_owned(),
+            h => h.to_owned(),
+        })
+        .collect();
+    let hosts = if hosts.is_empty() {
+        "*".to_owned()
+    } else if hosts.len() > 4 {
+        format!("{} + {} more...", hosts[..4].join(","), hosts.len() - 4)
+    } else {
+        hosts.join(",")
+    };
+    let address: Vec<String> = arr(ing, &["status", "loadBalancer", "ingress"])
+        .iter()
+        .map(|i| match str_at(i, &["ip"]) {
+            "" => str_at(i, &["hostname"]).to_owned(),
+            ip => ip.to_owned(),
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    let ports = if arr(ing, &["spec", "tls"]).is_empty() {
+        "80"
+    } else {
+        "80, 443"
+    };
+    vec![
+        json!(class),
+        json!(hosts),
+        json!(address.join(",")),
+        json!(ports),
+        age(ing, now),
+    ]
+}
+
+fn storageclass_cells(sc: &Value, now: Timestamp) -> Vec<Value> {
+    let reclaim = match str_at(sc, &["reclaimPolicy"]) {
+        "" => "Delete",
+        r => r,
+    };
+    let binding = match str_at(sc, &["volumeBindingMode"]) {
+        "" => "Immediate",
+        b => b,
+    };
+    vec![
+        json!(str_at(sc, &["provisioner"])),
+        json!(reclaim),
+        json!(binding),
+        json!(
+            sc.get("allowVolumeExpansion")
+                .and_then(Value::as_bool)
+                .unwrap_or(false)
+                .to_string()
+        ),
+        age(sc, now),
+    ]
+}
+
 fn binding_cells(b: &Value, now: Timestamp) -> Vec<Value> {
     let subjects = arr(b, &["subjects"]);
     let of_kind = |kind: &str| -> String {
@@ -1758,6 +2556,176 @@ mod tests {
             expect![[r#"
                 NAME | ENDPOINTS | AGE
                 e | 10.0.0.1:80,10.0.0.1:443,10.0.0.2:80 + 1 more... | 60m"#]],
+        );
+    }
+
+    #[test]
+    fn workloads_storage_and_policy_kinds_print_like_kubectl() {
+        let t = "2025-01-01T11:00:00Z";
+        check(
+            &builtin("apps", "DaemonSet"),
+            &[json!({
+                "metadata": {"name": "fabric", "creationTimestamp": t},
+                "spec": {"selector": {"matchLabels": {"app": "fabric"}},
+                         "template": {"spec": {"nodeSelector": {"kubernetes.io/os": "linux"}, "containers": [{"name": "f", "image": "tether"}]}}},
+                "status": {"desiredNumberScheduled": 3, "currentNumberScheduled": 3, "numberReady": 2, "updatedNumberScheduled": 3, "numberAvailable": 2},
+            })],
+            true,
+            expect![[r#"
+            NAME | DESIRED | CURRENT | READY | UP-TO-DATE | AVAILABLE | NODE SELECTOR | AGE | CONTAINERS | IMAGES | SELECTOR
+            fabric | 3 | 3 | 2 | 3 | 2 | kubernetes.io/os=linux | 60m | f | tether | app=fabric"#]],
+        );
+        check(
+            &builtin("apps", "StatefulSet"),
+            &[json!({
+                "metadata": {"name": "db", "creationTimestamp": t},
+                "spec": {"replicas": 3, "template": {"spec": {"containers": [{"name": "pg", "image": "postgres"}]}}},
+                "status": {"readyReplicas": 1},
+            })],
+            true,
+            expect![[r#"
+            NAME | READY | AGE | CONTAINERS | IMAGES
+            db | 1/3 | 60m | pg | postgres"#]],
+        );
+        check(
+            &builtin("batch", "Job"),
+            &[
+                json!({"metadata": {"name": "done", "creationTimestamp": t},
+                   "spec": {"completions": 1, "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+                   "status": {"succeeded": 1, "startTime": "2025-01-01T11:00:00Z", "completionTime": "2025-01-01T11:00:42Z",
+                              "conditions": [{"type": "Complete", "status": "True"}]}}),
+                json!({"metadata": {"name": "busy", "creationTimestamp": t},
+                   "spec": {"parallelism": 3}, "status": {"startTime": "2025-01-01T11:57:00Z"}}),
+            ],
+            false,
+            expect![[r#"
+            NAME | STATUS | COMPLETIONS | DURATION | AGE
+            done | Complete | 1/1 | 42s | 60m
+            busy | Running | 0/1 of 3 | 3m | 60m"#]],
+        );
+        check(
+            &builtin("batch", "CronJob"),
+            &[json!({
+                "metadata": {"name": "nightly", "creationTimestamp": t},
+                "spec": {"schedule": "0 3 * * *", "suspend": false},
+                "status": {"active": [{"name": "nightly-1"}], "lastScheduleTime": "2025-01-01T11:50:00Z"},
+            })],
+            false,
+            expect![[r#"
+            NAME | SCHEDULE | TIMEZONE | SUSPEND | ACTIVE | LAST SCHEDULE | AGE
+            nightly | 0 3 * * * | <none> | False | 1 | 10m | 60m"#]],
+        );
+        check(
+            &builtin("", "PersistentVolumeClaim"),
+            &[json!({
+                "metadata": {"name": "data", "creationTimestamp": t},
+                "spec": {"volumeName": "pv-1", "storageClassName": "standard", "resources": {"requests": {"storage": "1Gi"}}},
+                "status": {"phase": "Bound", "capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce", "ReadOnlyMany"]},
+            })],
+            true,
+            expect![[r#"
+            NAME | STATUS | VOLUME | CAPACITY | ACCESS MODES | STORAGECLASS | VOLUMEATTRIBUTESCLASS | AGE | VOLUMEMODE
+            data | Bound | pv-1 | 2Gi | RWO,ROX | standard | <unset> | 60m | <unset>"#]],
+        );
+        check(
+            &builtin("", "PersistentVolume"),
+            &[json!({
+                "metadata": {"name": "pv-1", "creationTimestamp": t},
+                "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"], "persistentVolumeReclaimPolicy": "Retain",
+                         "claimRef": {"namespace": "default", "name": "data"}, "storageClassName": "standard"},
+                "status": {"phase": "Bound"},
+            })],
+            false,
+            expect![[r#"
+            NAME | CAPACITY | ACCESS MODES | RECLAIM POLICY | STATUS | CLAIM | STORAGECLASS | VOLUMEATTRIBUTESCLASS | REASON | AGE
+            pv-1 | 2Gi | RWO | Retain | Bound | default/data | standard | <unset> |  | 60m"#]],
+        );
+        check(
+            &builtin("", "ResourceQuota"),
+            &[json!({
+                "metadata": {"name": "tenant", "creationTimestamp": t},
+                "status": {"hard": {"requests.cpu": "4", "limits.memory": "8Gi", "pods": "10"}, "used": {"requests.cpu": "500m", "pods": "2"}},
+            })],
+            false,
+            expect![[r#"
+            NAME | AGE | REQUEST | LIMIT
+            tenant | 60m | pods: 2/10, requests.cpu: 500m/4 | limits.memory: 0/8Gi"#]],
+        );
+        check(
+            &builtin("networking.k8s.io", "NetworkPolicy"),
+            &[
+                json!({"metadata": {"name": "all", "creationTimestamp": t}, "spec": {"podSelector": {}}}),
+                json!({"metadata": {"name": "web", "creationTimestamp": t}, "spec": {"podSelector": {"matchLabels": {"app": "web"}}}}),
+            ],
+            false,
+            expect![[r#"
+            NAME | POD-SELECTOR | AGE
+            all | <none> | 60m
+            web | app=web | 60m"#]],
+        );
+        check(
+            &builtin("networking.k8s.io", "Ingress"),
+            &[json!({
+                "metadata": {"name": "site", "creationTimestamp": t},
+                "spec": {"ingressClassName": "nginx", "rules": [{"host": "a.example"}, {}], "tls": [{"hosts": ["a.example"]}]},
+                "status": {"loadBalancer": {"ingress": [{"ip": "198.18.0.10"}]}},
+            })],
+            false,
+            expect![[r#"
+            NAME | CLASS | HOSTS | ADDRESS | PORTS | AGE
+            site | nginx | a.example,* | 198.18.0.10 | 80, 443 | 60m"#]],
+        );
+        check(
+            &builtin("storage.k8s.io", "StorageClass"),
+            &[json!({
+                "metadata": {"name": "standard", "creationTimestamp": t, "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+                "provisioner": "rancher.io/local-path", "volumeBindingMode": "WaitForFirstConsumer",
+            })],
+            false,
+            expect![[r#"
+            NAME | PROVISIONER | RECLAIMPOLICY | VOLUMEBINDINGMODE | ALLOWVOLUMEEXPANSION | AGE
+            standard (default) | rancher.io/local-path | Delete | WaitForFirstConsumer | false | 60m"#]],
+        );
+        check(
+            &builtin("scheduling.k8s.io", "PriorityClass"),
+            &[json!({
+                "metadata": {"name": "system-node-critical", "creationTimestamp": t}, "value": 2000001000,
+            })],
+            false,
+            expect![[r#"
+            NAME | VALUE | GLOBAL-DEFAULT | AGE | PREEMPTIONPOLICY
+            system-node-critical | 2000001000 | false | 60m | PreemptLowerPriority"#]],
+        );
+        check(
+            &builtin("policy", "PodDisruptionBudget"),
+            &[json!({
+                "metadata": {"name": "pdb", "creationTimestamp": t}, "spec": {"minAvailable": "50%"}, "status": {"disruptionsAllowed": 1},
+            })],
+            false,
+            expect![[r#"
+            NAME | MIN AVAILABLE | MAX UNAVAILABLE | ALLOWED DISRUPTIONS | AGE
+            pdb | 50% | N/A | 1 | 60m"#]],
+        );
+        check(
+            &builtin(
+                "admissionregistration.k8s.io",
+                "ValidatingWebhookConfiguration",
+            ),
+            &[json!({
+                "metadata": {"name": "shadowpods", "creationTimestamp": t}, "webhooks": [{"name": "a"}, {"name": "b"}],
+            })],
+            false,
+            expect![[r#"
+            NAME | WEBHOOKS | AGE
+            shadowpods | 2 | 60m"#]],
+        );
+        check(
+            &builtin("", "LimitRange"),
+            &[json!({"metadata": {"name": "limits", "creationTimestamp": t}})],
+            false,
+            expect![[r#"
+                NAME | CREATED AT
+                limits | 2025-01-01T11:00:00Z"#]],
         );
     }
 
