@@ -573,6 +573,32 @@ impl Txn<'_> {
         obj
     }
 
+    /// Removes the object `last` names, emitting one DELETED event whose object is `last` (a
+    /// final state the write that finished the deletion produced, e.g. its finalizers emptied)
+    /// at the new RV. Returns that state, or `None` when nothing was stored under the key.
+    pub fn remove_as(&mut self, key: &TypeKey, mut last: Value) -> Option<Arc<Value>> {
+        let k = obj_key(&last);
+        let capacity = self.inner.capacity;
+        let ts = self.inner.types.get_mut(key)?;
+        let prev = ts.objects.remove(&k)?;
+        self.inner.rv += 1;
+        let rv = self.inner.rv;
+        set_rv(&mut last, rv);
+        let last = Arc::new(last);
+        let ts = self.inner.type_mut(key);
+        push_event(
+            ts,
+            capacity,
+            Event {
+                rv,
+                kind: EventType::Deleted,
+                object: last.clone(),
+                prev: Some(prev),
+            },
+        );
+        Some(last)
+    }
+
     /// Removes an object, emitting DELETED with its last state at the new RV. Returns that
     /// last state.
     pub fn remove(&mut self, key: &TypeKey, ns: &str, name: &str) -> Option<Arc<Value>> {

@@ -799,6 +799,21 @@ fn sync_crd(state: &ServerState, crd: Option<&Value>, name: &str) {
     *registry = Arc::new(next);
 }
 
+/// A CRD is gone: its custom resources go with it (the real server's
+/// `customresourcecleanup` finalizer does this before the CRD disappears).
+fn purge_custom_resources(txn: &mut Txn<'_>, crd: &Value) {
+    let group = crd["spec"]["group"].as_str().unwrap_or_default();
+    let plural = crd["spec"]["names"]["plural"].as_str().unwrap_or_default();
+    if plural.is_empty() {
+        return;
+    }
+    let key = TypeKey::new(group, plural);
+    for obj in txn.list(&key, None) {
+        let (ns, name) = obj_key(&obj);
+        txn.remove(&key, &ns, &name);
+    }
+}
+
 fn is_crd(rt: &ResourceType) -> bool {
     rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions"
 }
@@ -973,9 +988,12 @@ fn write_update(
                 .as_array()
                 .is_none_or(Vec::is_empty));
     if finished {
-        let (ns, name) = obj_key(&new);
-        txn.put(&k, new);
-        return txn.remove(&k, &ns, &name).ok_or_else(|| ctx.not_found());
+        // One DELETED event carrying the final state, as the real server's update-to-delete.
+        let last = txn.remove_as(&k, new).ok_or_else(|| ctx.not_found())?;
+        if is_crd(rt) {
+            purge_custom_resources(txn, &last);
+        }
+        return Ok(last);
     }
     Ok(txn.put(&k, new))
 }
@@ -1355,6 +1373,9 @@ fn delete_one(
         let last = txn
             .remove(&k, ns, name)
             .ok_or_else(|| ApiError::not_found(&rt.group, &rt.plural, name))?;
+        if is_crd(rt) {
+            purge_custom_resources(txn, &last);
+        }
         return Ok(Deleted::Gone(last));
     }
     if deleting
