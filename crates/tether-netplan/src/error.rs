@@ -1,5 +1,7 @@
 //! The one error type of this crate: why a [`GatewayInput`](crate::GatewayInput) cannot be planned.
 
+use std::net::Ipv4Addr;
+
 use ipnet::Ipv4Net;
 
 /// Why [`plan`](crate::plan) refused its input. Every variant names the offending value, so the
@@ -131,5 +133,25 @@ pub enum PlanError {
     InvalidRulePriority {
         /// The rejected priority.
         priority: u32,
+    },
+    /// An IP mapping's external address is not inside our external CIDR (or there is none).
+    #[error("ip mapping {external} is outside the local external CIDR ({}): pick an address inside it", external_cidr.map_or("none configured".to_owned(), |c| c.to_string()))]
+    IpMappingOutsideExternalCidr {
+        /// The external address.
+        external: Ipv4Addr,
+        /// Our external CIDR, if any.
+        external_cidr: Option<Ipv4Net>,
+    },
+    /// An address appears in two IP mappings (as external or as real address).
+    #[error("address {address} appears in more than one ip mapping")]
+    DuplicateIpMapping {
+        /// The repeated address.
+        address: Ipv4Addr,
+    },
+    /// An IP mapping points at a pod address; peers reach pods directly.
+    #[error("ip mapping to {real} points into the local pod CIDRs: peers reach pods directly")]
+    IpMappingToPod {
+        /// The real address.
+        real: Ipv4Addr,
     },
 }

@@ -2,6 +2,7 @@
 //! validation that turns bad input into a [`PlanError`] before anything is planned.
 
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use serde::{Deserialize, Serialize};
@@ -56,6 +57,21 @@ pub struct GatewayInput {
     pub mtu: u32,
     /// The peers, one tunnel interface each.
     pub peers: Vec<PeerInput>,
+    /// Local non-pod addresses peers reach through our external CIDR (ExternalIPRemapping),
+    /// e.g. the API server for the in-band control plane.
+    #[serde(default)]
+    pub ip_mappings: Vec<IpMapping>,
+}
+
+/// One local address published to peers under an address of our external CIDR. Peers that
+/// connect to `external` reach `real`; connections `real` opens towards a peer leave with
+/// source `external`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct IpMapping {
+    /// The address in [`LocalNetworks::external_cidr`].
+    pub external: Ipv4Addr,
+    /// The local address it stands for (not a pod address: pods are reached directly).
+    pub real: Ipv4Addr,
 }
 
 impl Default for GatewayInput {
@@ -70,6 +86,7 @@ impl Default for GatewayInput {
             local: LocalNetworks::default(),
             mtu: DEFAULT_MTU,
             peers: Vec::new(),
+            ip_mappings: Vec::new(),
         }
     }
 }
@@ -207,7 +224,44 @@ pub(crate) fn validate(input: &GatewayInput) -> Result<(), PlanError> {
     if n_peers > 0 && input.local.pod_cidrs.is_empty() {
         return Err(PlanError::NoLocalPodCidrs);
     }
-    validate_networks(input)
+    validate_networks(input)?;
+    validate_ip_mappings(input)
+}
+
+fn validate_ip_mappings(input: &GatewayInput) -> Result<(), PlanError> {
+    let mut externals = BTreeSet::new();
+    let mut reals = BTreeSet::new();
+    for mapping in &input.ip_mappings {
+        let inside = input
+            .local
+            .external_cidr
+            .is_some_and(|cidr| cidr.contains(&mapping.external));
+        if !inside {
+            return Err(PlanError::IpMappingOutsideExternalCidr {
+                external: mapping.external,
+                external_cidr: input.local.external_cidr,
+            });
+        }
+        if !externals.insert(mapping.external) {
+            return Err(PlanError::DuplicateIpMapping {
+                address: mapping.external,
+            });
+        }
+        if !reals.insert(mapping.real) {
+            return Err(PlanError::DuplicateIpMapping {
+                address: mapping.real,
+            });
+        }
+        if input
+            .local
+            .pod_cidrs
+            .iter()
+            .any(|cidr| cidr.contains(&mapping.real))
+        {
+            return Err(PlanError::IpMappingToPod { real: mapping.real });
+        }
+    }
+    Ok(())
 }
 
 fn validate_table_name(name: &str) -> Result<(), PlanError> {

@@ -33,6 +33,14 @@
 //! own conntrack zone (zone `i + 1`), chosen the same way in both directions: arriving on the
 //! peer's tunnel, or addressed to the peer's local views.
 //!
+//! Local non-pod addresses (the API server for the in-band control plane, say) can be published
+//! under addresses of our external CIDR ([`GatewayInput::ip_mappings`]): DNAT for peers that
+//! connect to them, SNAT for connections they open towards peers.
+//!
+//! Reverse-path filtering is off on tunnels (loose mode would still drop a peer source that only
+//! the peer's marked table routes) and loose on pod interfaces; the per-peer source guard is the
+//! anti-spoofing check, and a stricter one.
+//!
 //! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
 //! pod CIDR, and a mark would send them straight back into the tunnel.
 //!
@@ -54,8 +62,8 @@ pub use diff::{Observed, Op, diff, teardown};
 pub use error::PlanError;
 pub use input::{
     CidrMapping, DEFAULT_FWMARK_BASE, DEFAULT_FWMARK_MASK, DEFAULT_MTU, DEFAULT_ROUTE_TABLE_BASE,
-    DEFAULT_RULE_PRIORITY, DEFAULT_TABLE, GatewayInput, LocalNetworks, MAX_MTU, MAX_PEERS, MIN_MTU,
-    Ownership, PeerInput,
+    DEFAULT_RULE_PRIORITY, DEFAULT_TABLE, GatewayInput, IpMapping, LocalNetworks, MAX_MTU,
+    MAX_PEERS, MIN_MTU, Ownership, PeerInput,
 };
 pub use nft::{
     Chain, ChainKind, FINGERPRINT_COMMENT_PREFIX, Hook, NftRule, Priority, Ruleset,

@@ -164,18 +164,19 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
     validate(input)?;
     let mut sysctls = vec![
         Sysctl::new("net/ipv4/ip_forward", "1"),
-        Sysctl::new("net/ipv4/conf/all/rp_filter", "2"),
-        Sysctl::new("net/ipv4/conf/default/rp_filter", "2"),
+        // The kernel applies max(all, interface), so `all` must be 0 for the per-interface
+        // values below to decide.
+        Sysctl::new("net/ipv4/conf/all/rp_filter", "0"),
     ];
     let mut addresses = Vec::new();
     let mut routes = Vec::new();
     let mut rules = Vec::new();
     for interface in &input.pod_interfaces {
-        sysctls.push(rp_filter_loose(interface));
+        sysctls.push(rp_filter(interface, RP_FILTER_LOOSE));
     }
     for (index, peer) in input.peers.iter().enumerate() {
         let table = input.peer_table(index);
-        sysctls.push(rp_filter_loose(&peer.interface));
+        sysctls.push(rp_filter(&peer.interface, RP_FILTER_OFF));
         if let Some(address) = peer.tunnel_address {
             addresses.push(Address {
                 dev: peer.interface.clone(),
@@ -213,10 +214,17 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
     })
 }
 
-fn rp_filter_loose(interface: &str) -> Sysctl {
-    // Model L puts the peer's real (possibly overlapping) source on the tunnel, so strict
-    // reverse-path filtering would drop it.
-    Sysctl::new(format!("net/ipv4/conf/{interface}/rp_filter"), "2")
+/// Reverse-path filtering off: for tunnels. Model L puts the peer's real, possibly overlapping
+/// source on the tunnel, and even loose mode drops it unless the main table happens to route
+/// that source somewhere (a peer's CIDRs live only in its marked table). The per-peer source
+/// guard in the nftables table replaces it, and is stricter: each tunnel accepts exactly its
+/// peer's CIDRs.
+const RP_FILTER_OFF: &str = "0";
+/// Loose reverse-path filtering: for pod-facing interfaces, whose sources are local.
+const RP_FILTER_LOOSE: &str = "2";
+
+fn rp_filter(interface: &str, mode: &str) -> Sysctl {
+    Sysctl::new(format!("net/ipv4/conf/{interface}/rp_filter"), mode)
 }
 
 fn peer_mappings(peer: &PeerInput) -> impl Iterator<Item = CidrMapping> + '_ {
@@ -356,6 +364,35 @@ fn ruleset(input: &GatewayInput) -> Ruleset {
                 format!("peer {id}: real to local view"),
             ));
         }
+    }
+
+    if !input.ip_mappings.is_empty() {
+        let mut mappings = input.ip_mappings.clone();
+        mappings.sort();
+        let externals = nft_set(mappings.iter().map(|m| m.external));
+        let reals = nft_set(mappings.iter().map(|m| m.real));
+        let to_real: Vec<String> = mappings
+            .iter()
+            .map(|m| format!("{} : {}", m.external, m.real))
+            .collect();
+        let to_external: Vec<String> = mappings
+            .iter()
+            .map(|m| format!("{} : {}", m.real, m.external))
+            .collect();
+        dstnat.push(NftRule::new(
+            format!(
+                "iifname {tunnels} ip daddr {externals} dnat ip to ip daddr map {{ {} }}",
+                to_real.join(", ")
+            ),
+            "external IP to local address",
+        ));
+        srcnat.push(NftRule::new(
+            format!(
+                "oifname {tunnels} ip saddr {reals} snat ip to ip saddr map {{ {} }}",
+                to_external.join(", ")
+            ),
+            "local address to external IP",
+        ));
     }
 
     let mss = input.mtu - 40;

@@ -5,7 +5,11 @@ mod fixtures;
 
 use expect_test::{Expect, expect};
 use fixtures::{gateway, net, peer, scenarios};
-use tether_netplan::{CidrMapping, GatewayInput, PeerInput, plan};
+use tether_netplan::{CidrMapping, GatewayInput, IpMapping, LocalNetworks, PeerInput, plan};
+
+fn addr(text: &str) -> std::net::Ipv4Addr {
+    text.parse().expect("address literal")
+}
 
 fn check_scenario(name: &str, expect: Expect) {
     let (_, input) = scenarios()
@@ -21,10 +25,9 @@ fn one_peer_without_remap_routes_real_cidr_and_needs_no_nat() {
     check_scenario(
         "one_peer_no_remap",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
             route 10.1.0.0/16 dev tether-b src 169.254.18.1 table 7700
@@ -61,10 +64,9 @@ fn one_peer_with_remapped_pod_cidr_translates_both_directions() {
     check_scenario(
         "one_peer_remapped",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
@@ -108,10 +110,9 @@ fn two_peers_with_the_same_real_cidr_get_separate_marks_and_tables() {
     check_scenario(
         "two_peers_same_real",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
-            sysctl net.ipv4.conf.tether-c.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
+            sysctl net.ipv4.conf.tether-c.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
             addr 169.254.18.5/30 dev tether-c
@@ -168,10 +169,9 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
     check_scenario(
         "external_remap",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route 10.0.0.0/16 dev tether-b table 7700
             route 10.70.0.0/16 dev tether-b table 7700
@@ -214,14 +214,64 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
 }
 
 #[test]
+fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
+    check_scenario(
+        "ip_mappings",
+        expect![[r#"
+            sysctl net.ipv4.conf.all.rp_filter=0
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
+            sysctl net.ipv4.ip_forward=1
+            route 10.0.0.0/16 dev tether-b table 7700
+            route 10.70.0.0/16 dev tether-b table 7700
+            rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:8009337548d569d2"
+            	chain zone {
+            		type filter hook prerouting priority raw; policy accept;
+            		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } ct zone set 1 comment "peer cluster-b: own conntrack zone"
+            	}
+            	chain prerouting {
+            		type filter hook prerouting priority mangle; policy accept;
+            		iifname "tether-b" ip saddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: source outside its CIDRs"
+            		iifname "tether-b" ip daddr != { 10.0.0.0/16, 10.70.0.0/16 } counter drop comment "peer cluster-b: destination outside local CIDRs"
+            		iifname "tether-b" ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: remember the peer of this connection"
+            		iifname "eth0" ct mark and 0xffff == 0x7700 meta mark set meta mark and 0xffff0000 or 0x7700 comment "peer cluster-b: replies follow their connection"
+            		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } meta mark set meta mark and 0xffff0000 or 0x7700 ct mark set ct mark and 0xffff0000 or 0x7700 comment "peer cluster-b: to the peer"
+            	}
+            	chain dstnat {
+            		type nat hook prerouting priority dstnat; policy accept;
+            		meta mark and 0xffff == 0x7700 ip daddr 10.71.0.0/16 dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 } comment "peer cluster-b: local view to real"
+            		meta mark and 0xffff == 0x7700 ip daddr 10.81.0.0/16 dnat ip prefix to ip daddr map { 10.81.0.0/16 : 10.70.0.0/16 } comment "peer cluster-b: local view to real"
+            		iifname "tether-b" ip daddr { 10.70.0.1, 10.70.0.5 } dnat ip to ip daddr map { 10.70.0.1 : 192.168.1.10, 10.70.0.5 : 10.96.0.1 } comment "external IP to local address"
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            		oifname "tether-b" tcp flags & (syn | rst) == syn tcp option maxseg size > 1380 tcp option maxseg size set 1380 comment "clamp MSS to the tunnel MTU"
+            	}
+            	chain srcnat {
+            		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
+            		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
+            		oifname "tether-b" ip saddr { 192.168.1.10, 10.96.0.1 } snat ip to ip saddr map { 192.168.1.10 : 10.70.0.1, 10.96.0.1 : 10.70.0.5 } comment "local address to external IP"
+            	}
+            }
+        "#]],
+    );
+}
+
+#[test]
 fn mss_clamp_follows_the_mtu() {
     check_scenario(
         "jumbo_mtu",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
@@ -261,10 +311,9 @@ fn mss_clamp_follows_the_mtu() {
     check_scenario(
         "minimum_mtu",
         expect![[r#"
-            sysctl net.ipv4.conf.all.rp_filter=2
-            sysctl net.ipv4.conf.default.rp_filter=2
+            sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
-            sysctl net.ipv4.conf.tether-b.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
@@ -308,16 +357,15 @@ fn no_peers_leaves_an_empty_table() {
     check_scenario(
         "no_peers",
         expect![[r#"
-        sysctl net.ipv4.conf.all.rp_filter=2
-        sysctl net.ipv4.conf.default.rp_filter=2
-        sysctl net.ipv4.conf.eth0.rp_filter=2
-        sysctl net.ipv4.ip_forward=1
-        table ip tether
-        delete table ip tether
-        table ip tether {
-        	comment "tether:d65da930045ec989"
-        }
-    "#]],
+            sysctl net.ipv4.conf.all.rp_filter=0
+            sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.ip_forward=1
+            table ip tether
+            delete table ip tether
+            table ip tether {
+            	comment "tether:d65da930045ec989"
+            }
+        "#]],
     );
 }
 
@@ -461,6 +509,50 @@ fn invalid_input_is_rejected_with_a_message_naming_it() {
             },
         ),
         (
+            "ip mapping outside external CIDR",
+            GatewayInput {
+                ip_mappings: vec![IpMapping {
+                    external: addr("10.70.0.5"),
+                    real: addr("10.96.0.1"),
+                }],
+                ..base()
+            },
+        ),
+        (
+            "ip mapping to a pod",
+            GatewayInput {
+                ip_mappings: vec![IpMapping {
+                    external: addr("10.70.0.5"),
+                    real: addr("10.0.3.4"),
+                }],
+                local: LocalNetworks {
+                    external_cidr: Some(net("10.70.0.0/16")),
+                    ..base().local
+                },
+                ..base()
+            },
+        ),
+        (
+            "duplicate ip mapping",
+            GatewayInput {
+                ip_mappings: vec![
+                    IpMapping {
+                        external: addr("10.70.0.5"),
+                        real: addr("10.96.0.1"),
+                    },
+                    IpMapping {
+                        external: addr("10.70.0.6"),
+                        real: addr("10.96.0.1"),
+                    },
+                ],
+                local: LocalNetworks {
+                    external_cidr: Some(net("10.70.0.0/16")),
+                    ..base().local
+                },
+                ..base()
+            },
+        ),
+        (
             "no local pods",
             GatewayInput {
                 local: Default::default(),
@@ -489,6 +581,9 @@ fn invalid_input_is_rejected_with_a_message_naming_it() {
         views overlap: peer "cluster-b" pod local view 10.71.0.0/16 overlaps peer "cluster-c" pod local view 10.71.0.0/16
         peer cidrs overlap: peer "cluster-c": real pod CIDR 10.9.0.0/16 overlaps real external CIDR 10.9.128.0/17
         tunnel networks overlap: peer "cluster-b" tunnel network 169.254.18.0/30 overlaps peer "cluster-c" tunnel network 169.254.18.0/30
+        ip mapping outside external CIDR: ip mapping 10.70.0.5 is outside the local external CIDR (none configured): pick an address inside it
+        ip mapping to a pod: ip mapping to 10.0.3.4 points into the local pod CIDRs: peers reach pods directly
+        duplicate ip mapping: address 10.96.0.1 appears in more than one ip mapping
         no local pods: local pod CIDRs are empty: the gateway must know them to accept traffic from peers
     "#]].assert_eq(&errors(cases));
 }

@@ -3,7 +3,9 @@
 //! Each plan is applied with `ip`, `nft` and `/proc/sys` in throwaway network namespaces; veth
 //! pairs stand in for the WireGuard tunnels, which carry real addresses in model L exactly like
 //! these links do. TCP in both directions must reach the right cluster and see the remapped
-//! source, the MSS must be clamped, and a spoofed source from a peer must be dropped.
+//! source, also when two peers' connections have identical tuples; a local address published
+//! in the external CIDR must be reachable and must connect out under its external IP; the MSS
+//! must be clamped; and a spoofed source from a peer must be dropped.
 //!
 //! Needs root, `ip` and `nft`; skips with a message otherwise, unless `CI` is set.
 
@@ -21,7 +23,7 @@ use std::time::Duration;
 use fixtures::net;
 use nix::sched::{CloneFlags, setns};
 use nix::sys::socket::{getsockopt, sockopt};
-use tether_netplan::{CidrMapping, GatewayInput, LocalNetworks, PeerInput, Plan, plan};
+use tether_netplan::{CidrMapping, GatewayInput, IpMapping, LocalNetworks, PeerInput, Plan, plan};
 
 const PORT: u16 = 7070;
 
@@ -387,24 +389,38 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
     tunnel(&a.gateway, "tether-c", &c.gateway, "tun-a", 2);
 
     // A sees B as 10.71/16 and C as 10.72/16; B sees A as 10.81/16; C sees A as 10.91/16.
-    let plan_a = plan(&gateway_input(
+    // A also publishes a non-pod address of its pod host, 192.168.50.2, as 10.70.0.5 in its
+    // external CIDR 10.70/16, which B sees as 10.80/16.
+    let mut input_a = gateway_input(
         pod_interfaces,
         vec![
             ("cluster-b", "tether-b", "169.254.18.1/30", "10.71.0.0/16"),
             ("cluster-c", "tether-c", "169.254.18.5/30", "10.72.0.0/16"),
         ],
-    ))
-    .expect("plan A");
-    let plan_b = plan(&gateway_input(
+    );
+    input_a.local.external_cidr = Some(net("10.70.0.0/16"));
+    input_a.ip_mappings = vec![IpMapping {
+        external: Ipv4Addr::new(10, 70, 0, 5),
+        real: Ipv4Addr::new(192, 168, 50, 2),
+    }];
+    let plan_a = plan(&input_a).expect("plan A");
+    let mut input_b = gateway_input(
         pod_interfaces,
         vec![("cluster-a", "tun-a", "169.254.18.2/30", "10.81.0.0/16")],
-    ))
-    .expect("plan B");
+    );
+    input_b.peers[0].external = Some(CidrMapping::remapped(
+        net("10.70.0.0/16"),
+        net("10.80.0.0/16"),
+    ));
+    let plan_b = plan(&input_b).expect("plan B");
     let plan_c = plan(&gateway_input(
         pod_interfaces,
         vec![("cluster-a", "tun-a", "169.254.18.6/30", "10.91.0.0/16")],
     ))
     .expect("plan C");
+    a.pod.ip(&["addr", "add", "192.168.50.2/32", "dev", "eth0"]);
+    a.gateway
+        .ip(&["route", "add", "192.168.50.2/32", "dev", "eth0"]);
     a.gateway.apply(&plan_a);
     b.gateway.apply(&plan_b);
     c.gateway.apply(&plan_c);
@@ -455,6 +471,25 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
         ]
     );
 
+    let strip = |answer: Result<String, String>| {
+        answer.map(|text| {
+            text.rsplit_once(" mss")
+                .map_or(text.clone(), |s| s.0.to_owned())
+        })
+    };
+
+    // The published address, both ways: B reaches it through A's external CIDR, and what it
+    // opens towards B leaves under its external IP.
+    assert_eq!(
+        strip(ask(&b.pod, None, "10.80.0.5")),
+        Ok("pod-a saw 10.71.1.2".to_owned())
+    );
+    let published = Some(SocketAddrV4::new(Ipv4Addr::new(192, 168, 50, 2), 0));
+    assert_eq!(
+        strip(ask(&a.pod, published, "10.71.1.2")),
+        Ok("pod-b saw 10.80.0.5".to_owned())
+    );
+
     // B's and C's pods connect from the same address and port to the same pod of A: identical
     // conntrack tuples, which only the per-peer conntrack zones keep apart.
     let same_source = Some(SocketAddrV4::new(Ipv4Addr::new(10, 0, 1, 2), 40000));
@@ -462,12 +497,6 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
     let open_from_b = open(&b.pod, same_source, "10.81.1.2");
     let from_c = ask(&c.pod, same_source, "10.91.1.2");
     let from_b = open_from_b.and_then(read_answer);
-    let strip = |answer: Result<String, String>| {
-        answer.map(|text| {
-            text.rsplit_once(" mss")
-                .map_or(text.clone(), |s| s.0.to_owned())
-        })
-    };
     assert_eq!(strip(from_b), Ok("pod-a saw 10.71.1.2".to_owned()));
     assert_eq!(strip(from_c), Ok("pod-a saw 10.72.1.2".to_owned()));
 
