@@ -17,14 +17,16 @@
 //!   owned, merged or compared through the main resource of a type with a status subresource,
 //!   nor `.spec` through `/status`, so those never conflict.
 //! - More than ten Update entries fold, oldest first, into `ancient-changes` entries.
+//! - Applying to an object that has no managed fields first gives its current fields to a
+//!   `before-first-apply` updater, so changing them conflicts.
 //!
 //! Deliberate approximations: list element order follows upstream's merge order rules but
 //! duplicate keys in a list are not diagnosed, and a map-list element that lacks a key field
 //! without a schema default is addressed by its index instead of being refused; no schema
 //! validation happens here; an updater's newly created intermediate *struct* fields are not
 //! recorded as members (upstream records pointer structs but not value structs, which JSON
-//! alone cannot tell apart); the `before-first-apply` and client-side-apply upgrade paths of
-//! the real field manager are not modelled.
+//! alone cannot tell apart); the client-side-apply upgrade path of the real field manager
+//! (`kubectl.kubernetes.io/last-applied-configuration` kept in step with apply) is not modelled.
 
 use serde_json::{Map, Value, json};
 
@@ -708,6 +710,20 @@ pub fn server_side_apply_with(req: ApplyRequest<'_>) -> Result<Value, ApiError> 
         Vec::new()
     });
 
+    if let Some(existing) = live.filter(|_| entries.is_empty()) {
+        // An object nobody manages yet: its current fields become the `before-first-apply`
+        // updater's, so an apply that changes them conflicts as on the real server.
+        let write = Write {
+            manager: "before-first-apply",
+            operation: "Update",
+            api_version: &expected,
+            subresource,
+            now,
+            reset: reset_fields(Some(rt), subresource),
+        };
+        let current = without_managed_fields(existing);
+        record_update(&json!({}), &current, node, &mut entries, &write);
+    }
     let mine = entries
         .iter()
         .position(|e| e.is(manager, "Apply", subresource, &expected));
@@ -814,6 +830,53 @@ fn conflict_error(entries: &[Entry], conflicts: &[(usize, FieldSet)]) -> ApiErro
     ApiError::new(409, "Conflict", message).with_causes(&causes)
 }
 
+/// Who makes a non-apply write, for [`record_update`].
+struct Write<'a> {
+    manager: &'a str,
+    operation: &'a str,
+    api_version: &'a str,
+    subresource: &'a str,
+    now: &'a str,
+    reset: &'a [&'a str],
+}
+
+/// Upstream's update step: the writer owns what it changed or added; everyone (the writer's
+/// own earlier entry included) loses what changed or went away.
+fn record_update(
+    old: &Value,
+    new: &Value,
+    node: Node<'_>,
+    entries: &mut Vec<Entry>,
+    w: &Write<'_>,
+) {
+    let cmp = comparison(old, new, node).without(w.reset);
+    let changed_or_added = cmp.modified.union(&cmp.added);
+    for e in entries.iter_mut() {
+        e.set = e.set.difference(&changed_or_added).difference(&cmp.removed);
+    }
+    let mine = without_top_level(changed_or_added, w.reset).difference(&strip_set());
+    if mine.is_empty() {
+        return;
+    }
+    match entries
+        .iter_mut()
+        .find(|e| e.is(w.manager, w.operation, w.subresource, w.api_version))
+    {
+        Some(e) => {
+            e.set = e.set.union(&mine);
+            e.time = Some(w.now.to_owned());
+        }
+        None => entries.push(Entry {
+            manager: w.manager.to_owned(),
+            operation: w.operation.to_owned(),
+            api_version: w.api_version.to_owned(),
+            time: Some(w.now.to_owned()),
+            subresource: w.subresource.to_owned(),
+            set: mine,
+        }),
+    }
+}
+
 /// Records a non-apply write (create, update, non-apply patch) in `new.metadata.managedFields`:
 /// `manager` (with `operation`, normally `Update`) comes to own what the write changed or
 /// added, and other managers lose what it changed or removed.
@@ -872,32 +935,15 @@ pub fn update_managed_fields_with(
 
     let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
     let new_obj = without_managed_fields(new);
-    let cmp = comparison(&old_obj, &new_obj, node).without(reset_fields(rt, subresource));
-    let changed_or_added = cmp.modified.union(&cmp.added);
-    for e in &mut entries {
-        e.set = e.set.difference(&changed_or_added).difference(&cmp.removed);
-    }
-    let mine =
-        without_top_level(changed_or_added, reset_fields(rt, subresource)).difference(&strip_set());
-    if !mine.is_empty() {
-        match entries
-            .iter_mut()
-            .find(|e| e.is(manager, operation, subresource, &api_version))
-        {
-            Some(e) => {
-                e.set = e.set.union(&mine);
-                e.time = Some(now.to_owned());
-            }
-            None => entries.push(Entry {
-                manager: manager.to_owned(),
-                operation: operation.to_owned(),
-                api_version,
-                time: Some(now.to_owned()),
-                subresource: subresource.to_owned(),
-                set: mine,
-            }),
-        }
-    }
+    let write = Write {
+        manager,
+        operation,
+        api_version: &api_version,
+        subresource,
+        now,
+        reset: reset_fields(rt, subresource),
+    };
+    record_update(&old_obj, &new_obj, node, &mut entries, &write);
     *new = new_obj;
     write_entries(new, entries);
 }

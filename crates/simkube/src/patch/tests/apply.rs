@@ -749,3 +749,30 @@ fn more_than_ten_updaters_fold_into_ancient_changes() {
     );
     assert_eq!(ancient["time"], "2026-01-01T00:00:02Z");
 }
+
+#[test]
+fn applying_to_an_unmanaged_object_conflicts_with_before_first_apply() {
+    let rt = builtin("", "ConfigMap");
+    let unmanaged = cm(json!({"a": "1"}));
+    let err = apply(Some(&unmanaged), &cm(json!({"a": "2"})), "m", false, &rt).unwrap_err();
+    assert_eq!(
+        err.message,
+        "Apply failed with 1 conflict: conflict with \"before-first-apply\" using v1: .data.a"
+    );
+    let same = apply(
+        Some(&unmanaged),
+        &cm(json!({"a": "1", "b": "2"})),
+        "m",
+        false,
+        &rt,
+    )
+    .unwrap();
+    assert_eq!(
+        entry(&same, "before-first-apply").unwrap()["fieldsV1"],
+        json!({"f:data": {".": {}, "f:a": {}}})
+    );
+    assert_eq!(
+        entry(&same, "m").unwrap()["fieldsV1"],
+        json!({"f:data": {"f:a": {}, "f:b": {}}})
+    );
+}
