@@ -3,6 +3,27 @@
 //! router), TCP echo helpers and `assert_eventually!`.
 //!
 //! This crate is a dev-dependency only; production code never depends on it.
+//!
+//! ```no_run
+//! use std::net::{IpAddr, SocketAddr};
+//! use std::time::Duration;
+//! use tether_testkit::{ClusterSpec, TcpEchoServer, Topology, require_root_or_skip, tcp_echo};
+//!
+//! # fn main() -> tether_testkit::Result<()> {
+//! if !require_root_or_skip() {
+//!     return Ok(()); // printed why; with CI set it would have panicked instead
+//! }
+//! let topo = Topology::builder()
+//!     .cluster(ClusterSpec::new("a").pod_cidr("10.0.0.0/16").pods(1))
+//!     .cluster(ClusterSpec::new("b").pod_cidr("10.0.0.0/16").pods(1).behind_nat())
+//!     .build()?; // every namespace is deleted when `topo` drops, also on panic
+//! let (a, b) = (topo.cluster("a"), topo.cluster("b"));
+//! let server = TcpEchoServer::start(a.gateway(), SocketAddr::new(IpAddr::V4(a.gateway_underlay_ip()), 0))?;
+//! let reply = tcp_echo(b.gateway(), server.local_addr(), b"hello", Duration::from_secs(5))?;
+//! assert_eq!(reply.seen_as.ip(), IpAddr::V4(b.public_ip())); // masqueraded by b's NAT router
+//! # Ok(())
+//! # }
+//! ```
 
 mod echo;
 mod error;

@@ -384,7 +384,6 @@ pub fn sweep_stale_namespaces() -> Vec<String> {
     {
         tracing::warn!(%error, "cannot record the namespace owner; the sweep may miss PID reuse");
     }
-    let mut dead_owners = Vec::new();
     let mut removed = Vec::new();
     for name in list_namespaces() {
         let Some(pid) = owner_pid(&name) else {
@@ -396,12 +395,17 @@ pub fn sweep_stale_namespaces() -> Vec<String> {
         if remove_stale_namespace(&name) {
             removed.push(name);
         }
-        dead_owners.push(pid);
     }
-    dead_owners.sort_unstable();
-    dead_owners.dedup();
-    for pid in dead_owners {
-        let _ = std::fs::remove_file(owner_file(pid));
+    // Forget owners that are gone, namespaces or not, so records do not pile up in /run.
+    let records = std::fs::read_dir(OWNER_DIR).into_iter().flatten().flatten();
+    for record in records {
+        let pid = record
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok());
+        if pid.is_some_and(|pid| pid != me && !owner_alive(pid)) {
+            let _ = std::fs::remove_file(record.path());
+        }
     }
     removed
 }
