@@ -147,9 +147,11 @@ impl Kernel {
                 // Same comment but other content: edited behind our back. An empty fingerprint
                 // makes the diff rewrite the table.
                 Some(written)
-                    if written.fingerprint == listing.fingerprint && written.text != listing.text =>
+                    if written.fingerprint == listing.fingerprint
+                        && written.text != listing.text =>
                 {
-                    tracing::warn!(table = %ownership.table, "nftables table edited by someone else");
+                    let table = &ownership.table;
+                    tracing::warn!(%table, "nftables table edited by someone else");
                     String::new()
                 }
                 _ => listing.fingerprint,

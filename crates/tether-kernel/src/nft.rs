@@ -144,7 +144,15 @@ mod tests {
 
     #[test]
     fn reads_the_table_comment_not_rule_comments() {
-        let listing = "table ip tether {\n\tcomment \"tether:00ff00ff00ff00ff\"\n\tchain prerouting {\n\t\ttype filter hook prerouting priority mangle; policy accept;\n\t\tiifname \"t\" counter drop comment \"tether:bogus\"\n\t}\n}\n";
+        let listing = concat!(
+            "table ip tether {\n",
+            "\tcomment \"tether:00ff00ff00ff00ff\"\n",
+            "\tchain prerouting {\n",
+            "\t\ttype filter hook prerouting priority mangle; policy accept;\n",
+            "\t\tiifname \"t\" counter drop comment \"tether:bogus\"\n",
+            "\t}\n",
+            "}\n",
+        );
         assert_eq!(table_fingerprint(listing), "00ff00ff00ff00ff");
         let foreign = "table ip tether {\n\tcomment \"someone else\"\n}\n";
         assert_eq!(table_fingerprint(foreign), "");

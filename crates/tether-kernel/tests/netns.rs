@@ -164,7 +164,7 @@ fn reconcile_applies_the_plan_once_and_restarts_create_no_duplicates() {
         "{table}"
     );
     assert_eq!(ns.sysctl("net.ipv4.ip_forward").unwrap(), "1");
-    assert_eq!(ns.sysctl("net/ipv4/conf/tether-b/rp_filter").unwrap(), "2");
+    assert_eq!(ns.sysctl("net/ipv4/conf/tether-b/rp_filter").unwrap(), "0");
 }
 
 async fn kernel_reconcile(input: &GatewayInput, desired: &Plan) -> ReconcileReport {
@@ -219,8 +219,11 @@ fn foreign_objects_survive_reconcile_and_teardown() {
     .unwrap();
     ns.ip(&["addr", "add", "192.0.2.1/32", "dev", "tether-b"])
         .unwrap();
-    ns.nft("table ip other { chain forward_in { type filter hook forward priority 0; policy accept; counter; }; }")
-        .unwrap();
+    ns.nft(concat!(
+        "table ip other { chain forward_in { ",
+        "type filter hook forward priority 0; policy accept; counter; }; }",
+    ))
+    .unwrap();
     let snapshot = |ns: &Netns| {
         (
             lines(ns, &["rule", "show"])

@@ -1,5 +1,5 @@
-//! TCP and UDP echo servers and clients that run inside namespaces and report the addresses each side
-//! saw, which is how a test proves that a remap (NAT) happened on the path.
+//! TCP and UDP echo servers and clients that run inside namespaces and report the addresses
+//! each side saw, which is how a test proves that a remap (NAT) happened on the path.
 //!
 //! Protocol: the client sends its payload and shuts down its write half; the server answers with
 //! the client address it saw on one line, then the payload, and closes. Payloads of any size work,

@@ -18,7 +18,8 @@
 //!     .cluster(ClusterSpec::new("b").pod_cidr("10.0.0.0/16").pods(1).behind_nat())
 //!     .build()?; // every namespace is deleted when `topo` drops, also on panic
 //! let (a, b) = (topo.cluster("a"), topo.cluster("b"));
-//! let server = TcpEchoServer::start(a.gateway(), SocketAddr::new(IpAddr::V4(a.gateway_underlay_ip()), 0))?;
+//! let listen = SocketAddr::new(IpAddr::V4(a.gateway_underlay_ip()), 0);
+//! let server = TcpEchoServer::start(a.gateway(), listen)?;
 //! let reply = tcp_echo(b.gateway(), server.local_addr(), b"hello", Duration::from_secs(5))?;
 //! assert_eq!(reply.seen_as.ip(), IpAddr::V4(b.public_ip())); // masqueraded by b's NAT router
 //! # Ok(())

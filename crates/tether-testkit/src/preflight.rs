@@ -1,5 +1,5 @@
-//! Decides whether a privileged test may run here, following the project's CI rule: without root
-//! (or a needed tool) a local run skips loudly, while a run with `CI` set fails instead of skipping.
+//! Decides whether a privileged test may run here, following the project's CI rule: without
+//! root (or a needed tool) a local run skips loudly, while a run with `CI` set fails instead.
 
 use std::path::Path;
 

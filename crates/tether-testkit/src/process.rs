@@ -93,7 +93,8 @@ impl ProcessGuard {
         if let Some(status) = self.wait_timeout(self.stop_timeout)? {
             return Ok(status);
         }
-        tracing::warn!(process = %self.label, pid = self.pid(), "did not exit after SIGTERM, killing");
+        let pid = self.pid();
+        tracing::warn!(process = %self.label, pid, "did not exit after SIGTERM, killing");
         self.signal(Signal::SIGKILL)?;
         let status = self.child.wait()?;
         self.status = Some(status);

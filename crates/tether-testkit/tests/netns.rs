@@ -291,7 +291,10 @@ fn sweep_removes_namespaces_of_a_killed_owner_and_spots_pid_reuse() {
     let mut owner = Command::new("sh")
         .args([
             "-c",
-            "ip netns add tt$$-0-killed && (ip netns exec tt$$-0-killed sleep 60 &) && echo tt$$-0-killed && exec sleep 60",
+            concat!(
+                "ip netns add tt$$-0-killed && (ip netns exec tt$$-0-killed sleep 60 &) ",
+                "&& echo tt$$-0-killed && exec sleep 60",
+            ),
         ])
         .stdout(std::process::Stdio::piped())
         .spawn()
