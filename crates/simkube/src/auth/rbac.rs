@@ -2,6 +2,7 @@
 //! Forbidden messages, following kube-apiserver's `rbac` authorizer and its `validation` package.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 
@@ -269,9 +270,66 @@ impl Binding {
 #[derive(Debug, Clone, Default)]
 pub struct RbacView {
     roles: HashMap<(String, String), Vec<PolicyRule>>,
-    cluster_roles: HashMap<String, Vec<PolicyRule>>,
+    cluster_roles: Arc<ClusterRoleIndex>,
     role_bindings: BTreeMap<String, Vec<Binding>>,
     cluster_role_bindings: Vec<Binding>,
+}
+
+/// ClusterRole name → effective (aggregated) rules.
+type ClusterRoleIndex = HashMap<String, Vec<PolicyRule>>;
+
+/// Identity of a set of stored ClusterRoles: (uid, resourceVersion) of each, in name order.
+/// Any write changes a resourceVersion, and uids differ between clusters, so equal
+/// fingerprints mean equal content.
+type Fingerprint = Vec<(String, String)>;
+
+/// Recently computed ClusterRole indexes. Aggregation costs far more than authorizing, and the
+/// server builds a view per request while ClusterRoles rarely change; a few entries serve
+/// several clusters in one process.
+static CLUSTER_ROLE_CACHE: Mutex<Vec<(Fingerprint, Arc<ClusterRoleIndex>)>> =
+    Mutex::new(Vec::new());
+const CLUSTER_ROLE_CACHE_ENTRIES: usize = 8;
+
+fn fingerprint(sorted_roles: &[Value]) -> Option<Fingerprint> {
+    sorted_roles
+        .iter()
+        .map(|r| {
+            let uid = meta(r, "uid");
+            let rv = meta(r, "resourceVersion");
+            (!uid.is_empty() && !rv.is_empty()).then(|| (uid.to_owned(), rv.to_owned()))
+        })
+        .collect()
+}
+
+fn cluster_role_index(mut cluster_roles: Vec<Value>) -> Arc<ClusterRoleIndex> {
+    by_name(&mut cluster_roles);
+    let key = fingerprint(&cluster_roles);
+    if let Some(key) = &key {
+        let cache = CLUSTER_ROLE_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, index)) = cache.iter().find(|(k, _)| k == key) {
+            return index.clone();
+        }
+    }
+    let index: Arc<ClusterRoleIndex> = Arc::new(
+        cluster_roles
+            .iter()
+            .zip(aggregated_rules(&cluster_roles))
+            .map(|(r, aggregated)| {
+                (
+                    meta(r, "name").to_owned(),
+                    aggregated.unwrap_or_else(|| rules_of(r)),
+                )
+            })
+            .collect(),
+    );
+    if let Some(key) = key {
+        let mut cache = CLUSTER_ROLE_CACHE.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CLUSTER_ROLE_CACHE_ENTRIES {
+            cache.remove(0);
+        }
+        cache.push((key, index.clone()));
+    }
+    index
 }
 
 fn rules_of(role: &Value) -> Vec<PolicyRule> {
@@ -282,7 +340,8 @@ fn rules_of(role: &Value) -> Vec<PolicyRule> {
 }
 
 fn meta<'a>(obj: &'a Value, field: &str) -> &'a str {
-    obj.pointer(&format!("/metadata/{field}"))
+    obj.get("metadata")
+        .and_then(|m| m.get(field))
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
@@ -329,10 +388,7 @@ impl RbacView {
                 )
             })
             .collect();
-        let cluster_roles = aggregate(&cluster_roles)
-            .iter()
-            .map(|r| (meta(r, "name").to_owned(), rules_of(r)))
-            .collect();
+        let cluster_roles = cluster_role_index(cluster_roles);
         let mut role_bindings = role_bindings;
         by_name(&mut role_bindings);
         let mut rb_index: BTreeMap<String, Vec<Binding>> = BTreeMap::new();
@@ -610,58 +666,81 @@ pub fn label_selector_matches(selector: &Value, labels: &serde_json::Map<String,
     })
 }
 
-/// ClusterRole aggregation, as kube-controller-manager's `clusterrole-aggregation` controller
-/// computes it: every ClusterRole with an `aggregationRule` gets, as its `rules`, the
-/// deduplicated union of the rules of all other ClusterRoles matching any of its
-/// `clusterRoleSelectors`, in name order. Nested aggregation (edit feeding admin) is iterated to
-/// a fixed point. Returns all ClusterRoles; a caller persisting them writes back those whose
-/// rules changed.
-pub fn aggregate(cluster_roles: &[Value]) -> Vec<Value> {
-    let mut roles: Vec<Value> = cluster_roles.to_vec();
-    by_name(&mut roles);
+/// Computes the aggregated rules of every ClusterRole with an `aggregationRule`: the
+/// deduplicated union of the rules of all other ClusterRoles matching any of its selectors, in
+/// name order, iterated to a fixed point for nested aggregation. `roles` must be sorted by name.
+/// Returns, per role, `Some(rules)` for aggregated roles.
+fn aggregated_rules(roles: &[Value]) -> Vec<Option<Vec<PolicyRule>>> {
     let empty = serde_json::Map::new();
-    // Each pass can propagate one level of nesting; more levels than roles cannot exist.
+    let mut rules: Vec<Vec<PolicyRule>> = roles.iter().map(rules_of).collect();
+    // Which roles each aggregated role selects; labels do not change while iterating.
+    let selected: Vec<Option<Vec<usize>>> = roles
+        .iter()
+        .enumerate()
+        .map(|(i, role)| {
+            let selectors = role
+                .pointer("/aggregationRule/clusterRoleSelectors")
+                .and_then(Value::as_array)?;
+            Some(
+                roles
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, other)| {
+                        let labels = other.pointer("/metadata/labels").and_then(Value::as_object);
+                        *j != i
+                            && selectors
+                                .iter()
+                                .any(|s| label_selector_matches(s, labels.unwrap_or(&empty)))
+                    })
+                    .map(|(j, _)| j)
+                    .collect(),
+            )
+        })
+        .collect();
+    // Each pass propagates one level of nesting; there cannot be more levels than roles.
     for _ in 0..=roles.len() {
         let mut changed = false;
-        for i in 0..roles.len() {
-            let Some(selectors) = roles[i]
-                .pointer("/aggregationRule/clusterRoleSelectors")
-                .and_then(Value::as_array)
-                .cloned()
-            else {
+        for (i, sources) in selected.iter().enumerate() {
+            let Some(sources) = sources else {
                 continue;
             };
-            let name = meta(&roles[i], "name").to_owned();
-            let mut rules: Vec<Value> = Vec::new();
-            for other in &roles {
-                if meta(other, "name") == name {
-                    continue;
-                }
-                let labels = other.pointer("/metadata/labels").and_then(Value::as_object);
-                let labels = labels.unwrap_or(&empty);
-                if !selectors.iter().any(|s| label_selector_matches(s, labels)) {
-                    continue;
-                }
-                for rule in other
-                    .get("rules")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                {
-                    let parsed = PolicyRule::from_value(rule);
-                    if !rules.iter().any(|r| PolicyRule::from_value(r) == parsed) {
-                        rules.push(parsed.to_value());
+            let mut union: Vec<PolicyRule> = Vec::new();
+            for &j in sources {
+                for rule in &rules[j] {
+                    if !union.contains(rule) {
+                        union.push(rule.clone());
                     }
                 }
             }
-            let rules = Value::Array(rules);
-            if roles[i].get("rules") != Some(&rules) {
-                roles[i]["rules"] = rules;
+            if union != rules[i] {
+                rules[i] = union;
                 changed = true;
             }
         }
         if !changed {
             break;
+        }
+    }
+    selected
+        .iter()
+        .zip(rules)
+        .map(|(s, r)| s.as_ref().map(|_| r))
+        .collect()
+}
+
+/// ClusterRole aggregation, as kube-controller-manager's `clusterrole-aggregation` controller
+/// computes it: every ClusterRole with an `aggregationRule` gets, as its `rules`, the
+/// deduplicated union of the rules of all other ClusterRoles matching any of its
+/// `clusterRoleSelectors`, in name order. Nested aggregation (edit feeding admin) is iterated to
+/// a fixed point. Returns all ClusterRoles sorted by name; a caller persisting them writes back
+/// those whose rules changed. [`RbacView::new`] applies the same computation by itself.
+pub fn aggregate(cluster_roles: &[Value]) -> Vec<Value> {
+    let mut roles: Vec<Value> = cluster_roles.to_vec();
+    by_name(&mut roles);
+    let computed = aggregated_rules(&roles);
+    for (role, rules) in roles.iter_mut().zip(computed) {
+        if let Some(rules) = rules {
+            role["rules"] = Value::Array(rules.iter().map(PolicyRule::to_value).collect());
         }
     }
     roles

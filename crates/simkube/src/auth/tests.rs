@@ -1545,3 +1545,41 @@ fn admin_static_certificate_and_anonymous_identities() {
     // The admin token never reaches Debug output.
     assert!(!format!("{auth:?}").contains("admin-secret-token"));
 }
+
+#[test]
+fn cached_cluster_roles_follow_resource_versions() {
+    let stored = |rv: &str, verbs: Value| {
+        let mut roles = default_cluster_roles();
+        for (i, r) in roles.iter_mut().enumerate() {
+            r["metadata"]["uid"] = json!(format!("cache-test-{i}"));
+            r["metadata"]["resourceVersion"] = json!("1");
+        }
+        roles.push(json!({
+            "metadata": {
+                "name": "extra-view", "uid": "cache-test-extra", "resourceVersion": rv,
+                "labels": {"rbac.authorization.k8s.io/aggregate-to-view": "true"},
+            },
+            "rules": [{"apiGroups": ["example.com"], "resources": ["widgets"], "verbs": verbs}],
+        }));
+        let binding = role_binding(
+            "ns",
+            "v",
+            "ClusterRole",
+            "view",
+            json!([subject("User", "u")]),
+        );
+        RbacView::new(
+            vec![],
+            roles,
+            vec![binding],
+            default_cluster_role_bindings(),
+        )
+    };
+    let u = user("u", &[]);
+    let list = attrs(&u, "list", "example.com", "widgets", "ns", "");
+    assert!(authorize(&stored("10", json!(["list"])), &list).is_ok());
+    // Same fingerprint again: served from the cache, same answer.
+    assert!(authorize(&stored("10", json!(["list"])), &list).is_ok());
+    // An update (new resourceVersion) is seen through the aggregated `view`.
+    assert!(authorize(&stored("11", json!(["get"])), &list).is_err());
+}
