@@ -245,6 +245,7 @@ impl ClusterBuilder {
             pod_proxy: RwLock::new(Some(crate::kubelet_proxy::pod_proxy(
                 crate::kubelet_proxy::KubeletClient::default(),
             ))),
+            rbac_cache: Mutex::new(None),
         });
         let _ = slot.set(Arc::downgrade(&state));
         seed(&state);

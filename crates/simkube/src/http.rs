@@ -114,6 +114,8 @@ pub struct ServerState {
     pub watch_breaker: tokio::sync::watch::Sender<u64>,
     /// Handler for `pods/log` and `pods/exec`; none answers 503.
     pub pod_proxy: RwLock<Option<PodProxy>>,
+    /// The authorizer's view of the RBAC objects, rebuilt when one of them changes.
+    pub rbac_cache: Mutex<Option<([u64; 4], Arc<auth::RbacView>)>>,
 }
 
 impl std::fmt::Debug for ServerState {

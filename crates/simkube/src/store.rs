@@ -305,6 +305,25 @@ impl Store {
             .cloned()
     }
 
+    /// The RV of the newest write to a type (0 if never written): a cheap change detector for
+    /// caches derived from a type's objects.
+    pub fn type_version(&self, key: &TypeKey) -> u64 {
+        let inner = self.lock();
+        inner
+            .types
+            .get(key)
+            .map_or(0, |t| t.history.back().map_or(t.compacted_to, |e| e.rv))
+    }
+
+    /// Every object of a type, in key order.
+    pub fn all(&self, key: &TypeKey) -> Vec<Arc<Value>> {
+        self.lock()
+            .types
+            .get(key)
+            .map(|t| t.objects.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Number of objects of a type (all namespaces).
     pub fn count(&self, key: &TypeKey) -> usize {
         self.lock().types.get(key).map_or(0, |t| t.objects.len())

@@ -39,22 +39,32 @@ fn ns_key() -> TypeKey {
 }
 
 /// The RBAC objects as the authorizer sees them right now.
-pub(super) fn rbac_view(state: &ServerState) -> auth::RbacView {
-    let g = auth::RBAC_GROUP;
-    let list = |plural: &str| -> Vec<Value> {
+pub(super) fn rbac_view(state: &ServerState) -> Arc<auth::RbacView> {
+    const PLURALS: [&str; 4] = [
+        "roles",
+        "clusterroles",
+        "rolebindings",
+        "clusterrolebindings",
+    ];
+    let keys = PLURALS.map(|p| TypeKey::new(auth::RBAC_GROUP, p));
+    let versions = [0, 1, 2, 3].map(|i| state.store.type_version(&keys[i]));
+    let mut cache = state.rbac_cache.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((v, view)) = cache.as_ref()
+        && *v == versions
+    {
+        return view.clone();
+    }
+    let list = |i: usize| -> Vec<Value> {
         state
             .store
-            .transact(|t| t.list(&TypeKey::new(g, plural), None))
+            .all(&keys[i])
             .iter()
             .map(|o| (**o).clone())
             .collect()
     };
-    auth::RbacView::new(
-        list("roles"),
-        list("clusterroles"),
-        list("rolebindings"),
-        list("clusterrolebindings"),
-    )
+    let view = Arc::new(auth::RbacView::new(list(0), list(1), list(2), list(3)));
+    *cache = Some((versions, view.clone()));
+    view
 }
 
 /// Everything a handler needs about one request.
@@ -67,6 +77,8 @@ struct Ctx<'a> {
     attrs: &'a RequestAttributes,
     /// Who writes, for `managedFields`: `fieldManager`, else the User-Agent's program name.
     manager: Option<String>,
+    /// For writes of RBAC objects under enforced RBAC: the view escalation checks use.
+    escalation_view: Option<Arc<auth::RbacView>>,
 }
 
 impl Ctx<'_> {
@@ -140,6 +152,10 @@ pub(super) async fn serve(
                 .filter(|p| !p.is_empty())
                 .map(|p| p.chars().take(128).collect())
         });
+    let escalation_view = (state.config.rbac
+        && rt.group == auth::RBAC_GROUP
+        && !matches!(*req.method(), Method::GET | Method::DELETE))
+    .then(|| rbac_view(state));
     let ctx = Ctx {
         state,
         rt,
@@ -148,6 +164,7 @@ pub(super) async fn serve(
         repr,
         attrs,
         manager,
+        escalation_view,
     };
     let method = req.method().clone();
     let content_type = req
@@ -848,6 +865,9 @@ fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Resp
                 let (ns, name) = obj_key(&candidate);
                 namespace_admission(txn, &rt, &ns, &name)?;
                 admit_create(ctx, txn, &mut candidate)?;
+                if let Some(view) = &ctx.escalation_view {
+                    auth::check_escalation(view, &ctx.attrs.user, &rt.kind, &candidate, &ns)?;
+                }
                 if let Some(manager) = &ctx.manager {
                     let now = strategy::now_rfc3339();
                     patch::update_managed_fields_with(
