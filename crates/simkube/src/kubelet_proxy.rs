@@ -128,10 +128,26 @@ pub fn resolve_container(pod: &Value, requested: Option<&str>) -> Result<String,
                 [] => Err(ApiError::bad_request(format!(
                     "a container name must be specified for pod {name}"
                 ))),
-                _ => Err(ApiError::bad_request(format!(
-                    "a container name must be specified for pod {name}, choose one of: [{}]",
-                    container_names(pod).join(" ")
-                ))),
+                _ => {
+                    let init: Vec<&str> = pod
+                        .pointer("/spec/initContainers")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|c| c.get("name").and_then(Value::as_str))
+                        .collect();
+                    let mut message = format!(
+                        "a container name must be specified for pod {name}, choose one of: [{}]",
+                        regular.join(" ")
+                    );
+                    if !init.is_empty() {
+                        message.push_str(&format!(
+                            " or one of the init containers: [{}]",
+                            init.join(" ")
+                        ));
+                    }
+                    Err(ApiError::bad_request(message))
+                }
             }
         }
     }
@@ -834,7 +850,8 @@ mod tests {
         assert_eq!(e.code, 400);
         assert_eq!(
             e.message,
-            "a container name must be specified for pod web, choose one of: [init a b]"
+            "a container name must be specified for pod web, choose one of: [a b] or one of the \
+             init containers: [init]"
         );
         let e = resolve_container(&pod(&["a"]), Some("zzz")).expect_err("unknown");
         assert_eq!(e.message, "container zzz is not valid for pod web");
