@@ -427,7 +427,7 @@ fn crd_causes(crd: &Value) -> Vec<Cause> {
             None | Some(Value::Null) => {
                 causes.push(required_because(&schema_field, "schemas are required"))
             }
-            Some(schema) => structural_causes(schema, &schema_field, true, &mut causes),
+            Some(schema) => structural_causes(schema, &schema_field, "", true, &mut causes),
         }
         for (j, c) in v
             .get("additionalPrinterColumns")
@@ -483,6 +483,17 @@ fn crd_causes(crd: &Value) -> Vec<Cause> {
             }
         }
     }
+    if crd
+        .pointer("/spec/preserveUnknownFields")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        causes.push(invalid(
+            "spec.preserveUnknownFields",
+            &json!(true),
+            "cannot set to true, set x-kubernetes-preserve-unknown-fields to true in spec.versions[*].schema instead",
+        ));
+    }
     let subs = crd.pointer("/spec/versions/0/subresources");
     if let Some(scale) = subs.and_then(|v| v.get("scale")).filter(|v| v.is_object()) {
         for key in ["specReplicasPath", "statusReplicasPath"] {
@@ -508,13 +519,40 @@ fn schema_at<'a>(schema: &'a Value, path: &str) -> Option<&'a Value> {
 const TYPES: &[&str] = &["array", "boolean", "integer", "number", "object", "string"];
 
 /// Structural-schema rules (KEP-1002) for `openAPIV3Schema`, with the real messages.
-fn structural_causes(schema: &Value, path: &str, root: bool, causes: &mut Vec<Cause>) {
+/// `path` locates the schema node in the CRD, `obj_path` the field it describes in objects
+/// (`spec.replicas`), for the messages about invalid defaults.
+fn structural_causes(
+    schema: &Value,
+    path: &str,
+    obj_path: &str,
+    root: bool,
+    causes: &mut Vec<Cause>,
+) {
     let Some(m) = schema.as_object() else {
         causes.push(invalid(path, schema, "must be a schema object"));
         return;
     };
     let ty = m.get("type").and_then(Value::as_str).unwrap_or("");
     let int_or_string = m.get("x-kubernetes-int-or-string").and_then(Value::as_bool) == Some(true);
+    if let Some(d) = m.get("default") {
+        // A default must itself be valid (and survive pruning) under its schema.
+        let mut pruned = d.clone();
+        prune_node(schema, &mut pruned, false, "", &mut Vec::new());
+        if &pruned != d {
+            causes.push(invalid(
+                &format!("{path}.default"),
+                d,
+                "must not have unknown fields",
+            ));
+        }
+        let mut sub = Vec::new();
+        validate_node(schema, d, obj_path, false, &mut sub);
+        for c in sub {
+            let rest = c.field.strip_prefix(obj_path).unwrap_or("");
+            let field = format!("{path}.default{rest}");
+            causes.push(Cause { field, ..c });
+        }
+    }
     let preserve = m
         .get("x-kubernetes-preserve-unknown-fields")
         .and_then(Value::as_bool)
@@ -577,7 +615,7 @@ fn structural_causes(schema: &Value, path: &str, root: bool, causes: &mut Vec<Ca
     if m.get("additionalProperties") == Some(&Value::Bool(false)) {
         causes.push(forbidden(
             &format!("{path}.additionalProperties"),
-            "must not be used in structural schemas",
+            "additionalProperties cannot be set to false",
         ));
     }
     if ty == "array" && !m.contains_key("items") {
@@ -598,7 +636,7 @@ fn structural_causes(schema: &Value, path: &str, root: bool, causes: &mut Vec<Ca
                 "must not be empty for specified object fields",
                 causes,
             );
-            structural_causes(p, &child, false, causes);
+            structural_causes(p, &child, &child_path(obj_path, k), false, causes);
         }
     }
     if let Some(items) = m.get("items") {
@@ -615,7 +653,7 @@ fn structural_causes(schema: &Value, path: &str, root: bool, causes: &mut Vec<Ca
                 "must not be empty for specified array items",
                 causes,
             );
-            structural_causes(items, &child, false, causes);
+            structural_causes(items, &child, &format!("{obj_path}[0]"), false, causes);
         }
     }
     if let Some(add @ Value::Object(_)) = m.get("additionalProperties") {
@@ -626,7 +664,7 @@ fn structural_causes(schema: &Value, path: &str, root: bool, causes: &mut Vec<Ca
             "must not be empty for specified object fields",
             causes,
         );
-        structural_causes(add, &child, false, causes);
+        structural_causes(add, &child, obj_path, false, causes);
     }
     if !root && preserve && ty.is_empty() && !int_or_string {
         // `x-kubernetes-preserve-unknown-fields: true` on its own is structural: any value.
@@ -1641,6 +1679,11 @@ mod tests {
                 c["spec"]["versions"][0]["additionalPrinterColumns"] =
                     json!([{"name": "X", "type": "map", "jsonPath": ".spec"}])
             }),
+            crd_error(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                    ["replicas"]["default"] = json!("one")
+            }),
+            crd_error(|c| c["spec"]["preserveUnknownFields"] = json!(true)),
         ];
         expect![[r#"
             valid
@@ -1655,7 +1698,9 @@ mod tests {
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: [spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[color].type: Required value: must not be empty for specified object fields, spec.versions[0].selectableFields[0].jsonPath: Invalid value: ".spec.color": must point to a field of type string, boolean or integer. Enum string fields and strings with formats are allowed.]
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: [spec.versions[0].schema.openAPIV3Schema.type: Invalid value: "array": must be object at the root, spec.versions[0].schema.openAPIV3Schema.items: Required value: must be specified]
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].selectableFields[0].jsonPath: Invalid value: ".spec.labels": must point to a field of type string, boolean or integer. Enum string fields and strings with formats are allowed.
-            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].additionalPrinterColumns[0].type: Unsupported value: "map": supported values: "boolean", "date", "integer", "number", "string""#]]
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].additionalPrinterColumns[0].type: Unsupported value: "map": supported values: "boolean", "date", "integer", "number", "string"
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[replicas].default: Invalid value: "string": spec.replicas in body must be of type integer: "string"
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.preserveUnknownFields: Invalid value: true: cannot set to true, set x-kubernetes-preserve-unknown-fields to true in spec.versions[*].schema instead"#]]
         .assert_eq(&cases.join("\n"));
     }
 
