@@ -54,6 +54,7 @@
 
 mod diff;
 mod error;
+mod firewall;
 mod input;
 mod nft;
 mod plan;

@@ -78,10 +78,10 @@ pub struct NftRule {
 
 impl NftRule {
     /// A rule with a comment.
-    pub fn new(body: impl Into<String>, comment: impl Into<String>) -> Self {
+    pub fn new(body: impl Into<String>, comment: impl AsRef<str>) -> Self {
         Self {
             body: body.into(),
-            comment: Some(comment.into()),
+            comment: Some(comment.as_ref().to_owned()),
         }
     }
 }
