@@ -425,6 +425,42 @@ async fn tls_cluster_with_rbac() {
         matches!(&err, kube::Error::Api(s) if s.code == 403),
         "{err:?}"
     );
+
+    // Escalation prevention: allowed to write Roles, the bot still cannot grant what it lacks.
+    let role_admin: Role = serde_json::from_value(json!({"metadata": {"name": "role-writer"},
+        "rules": [{"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["roles"], "verbs": ["create"]}]}))
+    .expect("role");
+    Api::<Role>::default_namespaced(admin.clone())
+        .create(&PostParams::default(), &role_admin)
+        .await
+        .expect("role");
+    let rb2: RoleBinding = serde_json::from_value(json!({"metadata": {"name": "bot-roles"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "role-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "bot", "namespace": "default"}]}))
+    .expect("rb");
+    Api::<RoleBinding>::default_namespaced(admin.clone())
+        .create(&PostParams::default(), &rb2)
+        .await
+        .expect("rb");
+    let bot_roles: Api<Role> = Api::default_namespaced(bot.clone());
+    let modest: Role = serde_json::from_value(json!({"metadata": {"name": "modest"},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}]}))
+    .expect("role");
+    bot_roles
+        .create(&PostParams::default(), &modest)
+        .await
+        .expect("within its own rights");
+    let greedy: Role = serde_json::from_value(json!({"metadata": {"name": "greedy"},
+        "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]}))
+    .expect("role");
+    let err = bot_roles
+        .create(&PostParams::default(), &greedy)
+        .await
+        .expect_err("escalation");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 403),
+        "{err:?}"
+    );
     c.shutdown().await;
 }
 
