@@ -1,2 +1,130 @@
-//! The tetherd command.
-fn main() {}
+//! `tetherd`: the one Tether daemon binary. `tetherd gateway` runs the WireGuard gateway;
+//! the controller and fabric roles will join as further subcommands.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use clap::{Args, Parser, Subcommand};
+use prometheus_client::registry::Registry;
+use tether_gateway::{Config, Prepared};
+use tether_runtime::{AdminServer, Health, LogArgs, Shutdown};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tetherd",
+    version,
+    about = "Tether daemons (one binary, several roles)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the WireGuard gateway of this cluster.
+    Gateway(GatewayArgs),
+}
+
+#[derive(Debug, Args)]
+struct GatewayArgs {
+    /// Gateway configuration file (YAML or JSON).
+    #[arg(long, env = "TETHER_GATEWAY_CONFIG")]
+    config: PathBuf,
+    /// Override the admin (metrics/health) address from the file.
+    #[arg(long)]
+    metrics_addr: Option<SocketAddr>,
+    /// Validate the configuration, print the kernel plan and exit without changing anything.
+    #[arg(long)]
+    check: bool,
+    #[command(flatten)]
+    log: LogArgs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Gateway(args) => gateway(args),
+    }
+}
+
+fn gateway(args: GatewayArgs) -> ExitCode {
+    let GatewayArgs {
+        config,
+        metrics_addr,
+        check,
+        log,
+    } = args;
+    if let Err(e) = tether_runtime::telemetry::init(&log) {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    // Everything that can be wrong with the file is found here, before any side effect.
+    let prepared = match Config::load(&config).and_then(Prepared::new) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!(
+                "error: invalid gateway configuration {}: {e}",
+                config.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
+    if check {
+        for p in &prepared.input().peers {
+            println!(
+                "# peer {}: pod {} seen as {}",
+                p.id, p.pod.real, p.pod.local_view
+            );
+        }
+        print!("{}", prepared.plan());
+        return ExitCode::SUCCESS;
+    }
+    let admin_addr = metrics_addr.unwrap_or_else(|| admin_address(&config));
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_gateway(prepared, admin_addr)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "gateway failed");
+            eprintln!("error: {e:#}");
+            let code = e
+                .downcast_ref::<tether_gateway::GatewayError>()
+                .map_or(1, |g| g.exit_code());
+            ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+    }
+}
+
+/// The admin address from the file (it was validated already; fall back to the default).
+fn admin_address(path: &std::path::Path) -> SocketAddr {
+    Config::load(path).map_or_else(
+        |_| SocketAddr::from(([0, 0, 0, 0], 9090)),
+        |c| c.metrics_address,
+    )
+}
+
+async fn run_gateway(prepared: Prepared, admin_addr: SocketAddr) -> anyhow::Result<()> {
+    let shutdown = Shutdown::on_signals()?;
+    let registry = Arc::new(Mutex::new(Registry::with_prefix("tether")));
+    let health = Health::new();
+    health.set_unhealthy("kernel", "not reconciled yet");
+    let admin = AdminServer::new(registry.clone(), health.clone());
+    let (bound, serve) = admin.bind(admin_addr, shutdown.clone()).await?;
+    tracing::info!(%bound, "admin server listening (/metrics, /healthz)");
+    let server = tokio::spawn(serve);
+    let result = prepared.run(registry, health, shutdown.clone()).await;
+    shutdown.trigger();
+    let _ = server.await;
+    result.map_err(anyhow::Error::from)
+}
