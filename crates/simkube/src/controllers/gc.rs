@@ -1221,4 +1221,143 @@ mod tests {
             [Action::Delete { .. }]
         ));
     }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// One generated object: its namespace (0 or 1), owner references as (target index,
+        /// uid matches?, blockOwnerDeletion), whether it is being deleted and with which of
+        /// the collector's finalizers.
+        #[derive(Debug, Clone)]
+        struct Spec {
+            namespace: u8,
+            owners: Vec<(usize, bool, bool)>,
+            deleting: bool,
+            finalizer: u8,
+        }
+
+        fn spec() -> impl Strategy<Value = Spec> {
+            (
+                0u8..2,
+                proptest::collection::vec(
+                    (0usize..8, proptest::bool::weighted(0.8), any::<bool>()),
+                    0..3,
+                ),
+                proptest::bool::weighted(0.3),
+                0u8..3,
+            )
+                .prop_map(|(namespace, owners, deleting, finalizer)| Spec {
+                    namespace,
+                    owners,
+                    deleting,
+                    finalizer,
+                })
+        }
+
+        fn build(specs: &[Spec]) -> Vec<Node> {
+            specs
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    let mut n = node(
+                        "ConfigMap",
+                        Some(if s.namespace == 0 { "a" } else { "b" }),
+                        &format!("cm{i}"),
+                        &format!("u{i}"),
+                    );
+                    for &(target, uid_matches, block) in &s.owners {
+                        let target = target % specs.len();
+                        n.owners.push(OwnerRef {
+                            api_version: "v1".into(),
+                            kind: "ConfigMap".into(),
+                            name: format!("cm{target}"),
+                            uid: if uid_matches {
+                                format!("u{target}")
+                            } else {
+                                format!("stale{target}")
+                            },
+                            block_owner_deletion: block,
+                        });
+                    }
+                    if s.deleting {
+                        n.deleting = true;
+                        match s.finalizer {
+                            1 => n.finalizers.push(FOREGROUND_FINALIZER.into()),
+                            2 => n.finalizers.push(ORPHAN_FINALIZER.into()),
+                            _ => n.finalizers.push("example.com/hold".into()),
+                        }
+                    }
+                    n
+                })
+                .collect()
+        }
+
+        /// The oracle: an owner reference keeps its dependent alive when an object with that
+        /// uid exists under that name in the dependent's namespace and is not waiting in
+        /// foreground deletion.
+        fn solid(nodes: &[Node], dependent: &Node, r: &OwnerRef) -> bool {
+            nodes.iter().any(|o| {
+                o.uid == r.uid
+                    && o.key.name == r.name
+                    && o.key.namespace == dependent.key.namespace
+                    && !(o.deleting && o.finalizers.iter().any(|f| f == FOREGROUND_FINALIZER))
+            })
+        }
+
+        proptest! {
+            #[test]
+            fn collector_never_breaks_a_live_ownership(specs in proptest::collection::vec(spec(), 1..8)) {
+                let nodes = build(&specs);
+                let graph = Graph::new(nodes.clone());
+                let actions = graph.plan(&scopes());
+                prop_assert_eq!(&actions, &graph.plan(&scopes()), "planning is deterministic");
+                let by_uid = |uid: &str| nodes.iter().find(|n| n.uid == uid).expect("known uid");
+                for action in &actions {
+                    match action {
+                        Action::Delete { uid, .. } => {
+                            let n = by_uid(uid);
+                            prop_assert!(!n.deleting, "{uid} is already being deleted");
+                            prop_assert!(!n.owners.is_empty());
+                            prop_assert!(
+                                n.owners.iter().all(|r| !solid(&nodes, n, r)),
+                                "{uid} still has a live owner"
+                            );
+                        }
+                        Action::RemoveOwnerReferences { uid, owner_uids, .. } => {
+                            let n = by_uid(uid);
+                            for owner in owner_uids {
+                                let r = n.owners.iter().find(|r| &r.uid == owner).expect("ref exists");
+                                let orphaning = nodes.iter().any(|o| {
+                                    &o.uid == owner
+                                        && o.deleting
+                                        && o.finalizers.iter().any(|f| f == ORPHAN_FINALIZER)
+                                });
+                                prop_assert!(
+                                    orphaning || !solid(&nodes, n, r),
+                                    "dropped a live reference from {uid} to {owner}"
+                                );
+                            }
+                        }
+                        Action::RemoveFinalizer { uid, finalizer, .. } => {
+                            let owner = by_uid(uid);
+                            prop_assert!(owner.deleting);
+                            let blocking = nodes.iter().any(|d| {
+                                d.key.namespace == owner.key.namespace
+                                    && d.owners.iter().any(|r| {
+                                        r.uid == owner.uid
+                                            && r.name == owner.key.name
+                                            && (r.block_owner_deletion
+                                                || *finalizer == ORPHAN_FINALIZER)
+                                    })
+                            });
+                            prop_assert!(!blocking, "{uid} released while dependents remain");
+                        }
+                        Action::InvalidOwnerReference { .. } => {}
+                    }
+                }
+            }
+        }
+    }
 }
