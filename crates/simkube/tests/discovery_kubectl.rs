@@ -359,6 +359,37 @@ async fn get_prints_the_server_side_columns() {
 
     let out = k.ok(&["get", "clusterroles"]).await;
     assert_eq!(header(&out), ["NAME", "CREATED AT"]);
+
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::default_namespaced(c.client());
+    let event = serde_json::from_value(json!({
+        "metadata": {"name": "web.1"},
+        "involvedObject": {"kind": "Pod", "name": "web", "namespace": "default"},
+        "reason": "Pulled", "type": "Normal", "message": "Container image pulled",
+        "firstTimestamp": "2025-01-01T00:00:00Z", "lastTimestamp": "2025-01-01T00:00:00Z", "count": 1,
+        "source": {"component": "kubelet"},
+    }))
+    .expect("event");
+    events
+        .create(&PostParams::default(), &event)
+        .await
+        .expect("create event");
+    let out = k.ok(&["get", "events"]).await;
+    assert_eq!(
+        header(&out),
+        ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+    );
+    let row = &words(&out)[1];
+    assert_eq!(
+        row[1..],
+        [
+            "Normal",
+            "Pulled",
+            "pod/web",
+            "Container",
+            "image",
+            "pulled"
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -487,4 +518,56 @@ async fn get_watch_prints_table_rows_for_custom_resources() {
         rows.iter().any(|r| r[..3] == ["w1", "green", "5"]),
         "update shown as a table row:\n{stdout}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn crd_versions_are_addressable_and_the_preferred_one_is_the_default() {
+    if !kubectl_available() {
+        return;
+    }
+    let c = cluster("kubectl-versions").await;
+    let k = Kubectl::new(&c);
+    let two_versions = WIDGET_CRD.replace(
+        "  versions:\n",
+        "  versions:\n  - name: v1beta1\n    served: true\n    storage: false\n    schema:\n      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}\n",
+    );
+    let crd = k.file("crd.yaml", &two_versions);
+    k.ok(&["apply", "-f", &crd]).await;
+    k.ok(&[
+        "wait",
+        "--for",
+        "condition=established",
+        "--timeout=10s",
+        "crd/widgets.example.com",
+    ])
+    .await;
+    let out = k.ok(&["api-versions"]).await;
+    let versions: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("example.com/"))
+        .collect();
+    assert_eq!(versions, ["example.com/v1", "example.com/v1beta1"]);
+
+    let w = k.file("w.yaml", &widget("w1", "red", "2"));
+    k.ok(&["apply", "-f", &w]).await;
+    // Unqualified, kubectl uses the preferred (GA) version and its printer columns.
+    let out = k.ok(&["get", "widgets"]).await;
+    assert_eq!(header(&out), ["NAME", "COLOR", "REPLICAS", "AGE"]);
+    let out = k
+        .ok(&["get", "widgets", "-o", "jsonpath={.items[0].apiVersion}"])
+        .await;
+    assert_eq!(out, "example.com/v1");
+    // Fully qualified, the other served version; it has no columns, so NAME and AGE.
+    let out = k.ok(&["get", "widgets.v1beta1.example.com"]).await;
+    assert_eq!(header(&out), ["NAME", "AGE"]);
+    let out = k
+        .ok(&[
+            "get",
+            "widgets.v1beta1.example.com",
+            "w1",
+            "-o",
+            "jsonpath={.apiVersion}/{.spec.color}",
+        ])
+        .await;
+    assert_eq!(out, "example.com/v1beta1/red");
 }
