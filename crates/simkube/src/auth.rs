@@ -7,6 +7,7 @@
 #![allow(clippy::result_large_err)]
 
 mod escalation;
+mod impersonation;
 mod policy;
 mod protobuf;
 mod rbac;
@@ -26,6 +27,7 @@ use base64::Engine as _;
 pub use escalation::{
     breakdown_rule, check_escalation, check_escalation_update, covers, rule_covers,
 };
+pub use impersonation::{impersonate, wants_impersonation};
 pub use policy::{default_cluster_role_bindings, default_cluster_roles};
 pub use protobuf::decode_protobuf_request;
 pub use rbac::{

@@ -30,7 +30,7 @@ pub use query::Query;
 /// Largest request body accepted (the real server's limit is 3 MiB for most writes).
 pub const DEFAULT_BODY_LIMIT: usize = 3 * 1024 * 1024;
 /// Requests kept in the request log.
-const REQUEST_LOG_CAPACITY: usize = 100_000;
+const REQUEST_LOG_CAPACITY: usize = 20_000;
 
 /// One served request, for tests that assert on API usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -405,6 +405,10 @@ async fn entry(State(state): State<Arc<ServerState>>, req: Request) -> Response 
             }
         }
     };
+    let user = match impersonation(&state, user, req.headers()) {
+        Ok(user) => user,
+        Err(e) => return e.into_response(),
+    };
     let attrs = RequestAttributes::from_request(user.clone(), &method, &path, &raw_query);
     let resp = match authorize_and_serve(&state, req, route, &attrs, &raw_query).await {
         Ok(resp) => resp,
@@ -420,6 +424,20 @@ async fn entry(State(state): State<Arc<ServerState>>, req: Request) -> Response 
         code: resp.status().as_u16(),
     });
     resp
+}
+
+/// `Impersonate-*` headers (`kubectl --as`): act as another user when the caller may, as
+/// kube-apiserver's impersonation filter does; without RBAC anyone may.
+fn impersonation(
+    state: &ServerState,
+    user: UserInfo,
+    headers: &http::HeaderMap,
+) -> Result<UserInfo, ApiError> {
+    if !auth::wants_impersonation(headers) {
+        return Ok(user);
+    }
+    let view = state.config.rbac.then(|| objects::rbac_view(state));
+    Ok(auth::impersonate(view.as_deref(), &user, headers)?.unwrap_or(user))
 }
 
 async fn authorize_and_serve(

@@ -230,6 +230,42 @@ async fn kubectl_over_https_with_rbac() {
         out.stdout
     );
 
+    // Impersonation: the admin may act as the robot and sees exactly its rights; the robot may
+    // not impersonate anyone.
+    let as_robot = "--as=system:serviceaccount:tenant-a:robot";
+    let out = admin
+        .run(&[
+            "auth",
+            "can-i",
+            "list",
+            "configmaps",
+            "-n",
+            "other",
+            as_robot,
+        ])
+        .await;
+    assert_eq!((out.stdout.trim(), out.code), ("no", 1), "{}", out.stderr);
+    let out = admin
+        .run(&["get", "configmaps", "-n", "other", as_robot])
+        .await;
+    assert!(
+        out.stderr.contains(r#"configmaps is forbidden: User "system:serviceaccount:tenant-a:robot" cannot list resource "configmaps""#),
+        "{}",
+        out.stderr
+    );
+    let out = admin
+        .run(&["get", "configmaps", "-n", "tenant-a", as_robot])
+        .await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = robot
+        .run(&["get", "configmaps", "-n", "tenant-a", "--as=admin"])
+        .await;
+    assert!(
+        out.stderr.contains(r#"users "admin" is forbidden: User "system:serviceaccount:tenant-a:robot" cannot impersonate resource "users" in API group "" at the cluster scope"#),
+        "{}",
+        out.stderr
+    );
+
     // `kubectl create token` (a protobuf TokenRequest from kubectl 1.32+) honours --duration,
     // and the token it prints authenticates.
     let out = admin

@@ -1583,3 +1583,139 @@ fn cached_cluster_roles_follow_resource_versions() {
     // An update (new resourceVersion) is seen through the aggregated `view`.
     assert!(authorize(&stored("11", json!(["get"])), &list).is_err());
 }
+
+fn impersonation_headers(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    for (k, v) in pairs {
+        headers.append(
+            http::header::HeaderName::from_bytes(k.as_bytes()).expect("name"),
+            HeaderValue::from_str(v).expect("value"),
+        );
+    }
+    headers
+}
+
+#[test]
+fn impersonation_needs_the_impersonate_verb() {
+    let rbac = view(
+        vec![],
+        vec![
+            cluster_role(
+                "impersonate-bob",
+                json!([
+                    {"apiGroups": [""], "resources": ["users"], "resourceNames": ["bob"], "verbs": ["impersonate"]},
+                    {"apiGroups": [""], "resources": ["groups"], "resourceNames": ["devs"], "verbs": ["impersonate"]},
+                    {"apiGroups": ["authentication.k8s.io"], "resources": ["userextras/scopes"], "verbs": ["impersonate"]},
+                ]),
+            ),
+            cluster_role(
+                "impersonate-robot",
+                json!([
+                    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
+                ]),
+            ),
+        ],
+        vec![role_binding(
+            "t",
+            "robots",
+            "ClusterRole",
+            "impersonate-robot",
+            json!([subject("User", "alice")]),
+        )],
+        vec![cluster_role_binding(
+            "alice-bob",
+            "impersonate-bob",
+            json!([subject("User", "alice")]),
+        )],
+    );
+    let alice = user("alice", &[]);
+    assert_eq!(
+        impersonate(Some(&rbac), &alice, &HeaderMap::new()).expect("none"),
+        None
+    );
+    let as_bob = impersonation_headers(&[
+        ("Impersonate-User", "bob"),
+        ("Impersonate-Group", "devs"),
+        ("Impersonate-Extra-Scopes", "read"),
+    ]);
+    let bob = impersonate(Some(&rbac), &alice, &as_bob)
+        .expect("allowed")
+        .expect("some");
+    assert_eq!(bob.username, "bob");
+    assert_eq!(bob.groups, ["devs", "system:authenticated"]);
+    assert_eq!(bob.extra["scopes"], ["read"]);
+    let error = impersonate(
+        Some(&rbac),
+        &alice,
+        &impersonation_headers(&[("Impersonate-User", "carol")]),
+    )
+    .expect_err("denied");
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            403,
+            r#"users "carol" is forbidden: User "alice" cannot impersonate resource "users" in API group "" at the cluster scope"#
+        )
+    );
+    let error = impersonate(
+        Some(&rbac),
+        &alice,
+        &impersonation_headers(&[
+            ("Impersonate-User", "bob"),
+            ("Impersonate-Group", "system:masters"),
+        ]),
+    )
+    .expect_err("denied");
+    assert!(
+        error
+            .message
+            .starts_with(r#"groups "system:masters" is forbidden"#),
+        "{}",
+        error.message
+    );
+    // ServiceAccounts are impersonated per namespace.
+    let robot = impersonate(
+        Some(&rbac),
+        &alice,
+        &impersonation_headers(&[("Impersonate-User", "system:serviceaccount:t:robot")]),
+    )
+    .expect("allowed")
+    .expect("some");
+    assert_eq!(
+        robot.groups,
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:t",
+            "system:authenticated"
+        ]
+    );
+    let error = impersonate(
+        Some(&rbac),
+        &alice,
+        &impersonation_headers(&[(
+            "Impersonate-User",
+            "system:serviceaccount:kube-system:admin",
+        )]),
+    )
+    .expect_err("denied");
+    assert_eq!(
+        error.message,
+        r#"serviceaccounts "admin" is forbidden: User "alice" cannot impersonate resource "serviceaccounts" in API group "" in the namespace "kube-system""#
+    );
+    // Groups without a user are a bad request; without RBAC anything goes.
+    let groups_only = impersonation_headers(&[("Impersonate-Group", "devs")]);
+    assert_eq!(
+        impersonate(Some(&rbac), &alice, &groups_only)
+            .expect_err("400")
+            .code,
+        400
+    );
+    let anyone = impersonate(
+        None,
+        &alice,
+        &impersonation_headers(&[("Impersonate-User", "system:anonymous")]),
+    )
+    .expect("no rbac")
+    .expect("some");
+    assert_eq!(anyone.groups, ["system:unauthenticated"]);
+}
