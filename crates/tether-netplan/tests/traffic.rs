@@ -218,7 +218,9 @@ fn tunnel(a: &Netns, a_name: &str, b: &Netns, b_name: &str, index: u8) {
     let mac = format!("02:00:00:00:00:{index:02x}");
     for (ns, name) in [(a, a_name), (b, b_name)] {
         ns.ip(&["link", "set", name, "down"]);
-        ns.ip(&["link", "set", name, "address", &mac, "arp", "off"]);
+        ns.ip(&[
+            "link", "set", name, "address", &mac, "arp", "off", "mtu", "1420",
+        ]);
         ns.ip(&["link", "set", name, "up"]);
     }
 }
@@ -499,6 +501,28 @@ fn two_peers_scenario(variant: &str, pod_interfaces: &[&str]) {
     let from_b = open_from_b.and_then(read_answer);
     assert_eq!(strip(from_b), Ok("pod-a saw 10.71.1.2".to_owned()));
     assert_eq!(strip(from_c), Ok("pod-a saw 10.72.1.2".to_owned()));
+
+    // Path MTU discovery for non-TCP traffic: a 1500-byte datagram with DF towards B does not
+    // fit the 1420-byte tunnel; A's gateway answers "fragmentation needed", and that ICMP
+    // error must reach the pod translated back to the address it used (10.71.1.2), or the pod
+    // never learns the path MTU.
+    a.pod
+        .spawn(|| {
+            let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("udp bind");
+            socket.connect("10.71.1.2:9").expect("udp connect");
+            let _ = socket.send(&[0u8; 1472]);
+        })
+        .join()
+        .expect("udp thread");
+    std::thread::sleep(Duration::from_millis(200));
+    let route = run(
+        &["ip", "-n", &a.pod.name, "route", "get", "10.71.1.2"],
+        None,
+    );
+    assert!(
+        route.contains("mtu 1420"),
+        "pod A did not learn the path MTU:\n{route}"
+    );
 
     // B's pod spoofs a source outside B's pod CIDR: A's gateway must drop it.
     // (B's gateway gets a route back to the spoofed source so its own loose reverse-path check
