@@ -598,17 +598,28 @@ fn the_run_loop_follows_the_desired_plan() {
             }),
         );
         tx.send(Some(desired.clone())).unwrap();
-        let (applied, _) = reports.recv().await.unwrap().unwrap();
+        let mut next = async || {
+            let report = tokio::time::timeout(Duration::from_secs(5), reports.recv()).await;
+            report
+                .expect("a report within 5 s")
+                .expect("the loop is running")
+                .unwrap()
+        };
+        let (applied, _) = next().await;
         assert!(applied > 0);
         // The periodic resync repairs drift without a new plan.
         ns.ip(&["route", "del", "10.0.0.0/16", "table", "7700"])
             .unwrap();
-        let repaired = loop {
-            let (applied, drift) = reports.recv().await.unwrap().unwrap();
+        // Resyncs every 100 ms: the repair must come within a few of them.
+        let mut repaired = None;
+        for _ in 0..30 {
+            let (applied, drift) = next().await;
             if applied > 0 {
-                break drift;
+                repaired = Some(drift);
+                break;
             }
-        };
+        }
+        let repaired = repaired.expect("a resync repaired the deleted route");
         assert!(repaired, "resync reported the drift it repaired");
         drop(tx);
         let mut kernel = runner.await.unwrap();
