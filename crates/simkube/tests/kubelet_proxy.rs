@@ -225,14 +225,26 @@ async fn port_forward(
         })
 }
 
-/// Starts the HTTPS test kubelet on 127.0.0.1; returns its port.
-async fn start_kubelet(seen: Arc<Seen>) -> u16 {
+/// Starts the HTTPS test kubelet on 127.0.0.1 with a serving certificate from its own CA;
+/// returns its port and the CA certificate (PEM).
+async fn start_kubelet(seen: Arc<Seen>) -> (u16, String) {
     let _ = rustls::crypto::ring::default_provider().install_default();
+    let ca_key = rcgen::KeyPair::generate().expect("CA key");
+    let mut ca_params = rcgen::CertificateParams::default();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "test kubelet CA");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
+    let ca_pem = ca_cert.pem();
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let key = rcgen::KeyPair::generate().expect("key");
     let params =
         rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
             .expect("params");
-    let cert = params.self_signed(&key).expect("self-signed");
+    let cert = params
+        .signed_by(&key, &issuer)
+        .expect("serving certificate");
     let config = rustls::ServerConfig::builder()
         .with_no_client_auth()
         .with_single_cert(
@@ -269,7 +281,7 @@ async fn start_kubelet(seen: Arc<Seen>) -> u16 {
             });
         }
     });
-    port
+    (port, ca_pem)
 }
 
 struct Fixture {
@@ -277,13 +289,14 @@ struct Fixture {
     client: Client,
     seen: Arc<Seen>,
     kubelet_port: u16,
+    kubelet_ca_pem: String,
 }
 
 /// A cluster with node `n1` (served by the test kubelet), bound pod `web` (container `app`),
 /// unbound pod `pending`, and pod `lost` bound to a node that does not exist.
 async fn fixture() -> Fixture {
     let seen = Arc::new(Seen::default());
-    let kubelet_port = start_kubelet(seen.clone()).await;
+    let (kubelet_port, kubelet_ca_pem) = start_kubelet(seen.clone()).await;
     // HTTPS: kubectl sends no bearer token over plain HTTP.
     let cluster = simkube::Cluster::builder()
         .tls(true)
@@ -337,6 +350,7 @@ async fn fixture() -> Fixture {
         client,
         seen,
         kubelet_port,
+        kubelet_ca_pem,
     }
 }
 
@@ -498,6 +512,48 @@ async fn kube_rs_attach_and_port_forward_are_tunnelled() {
     let seen = f.seen.all();
     assert_eq!(seen[0], "attach default/web/app?output=1");
     assert_eq!(seen[1], "portForward default/web?port=8080&port=9090");
+}
+
+/// With `--kubelet-certificate-authority` semantics: the kubelet's certificate is verified
+/// against the configured CA, and a kubelet with a certificate from elsewhere is refused.
+#[tokio::test]
+async fn kubelet_certificate_is_verified_when_a_ca_is_configured() {
+    use simkube::kubelet_proxy::{KubeletClient, KubeletClientConfig, pod_proxy};
+    let f = fixture().await;
+    let pods: Api<Pod> = Api::namespaced(f.client.clone(), "default");
+    let with_ca = |ca_pem: String| {
+        let client = KubeletClient::new(&KubeletClientConfig {
+            ca_pem: Some(ca_pem),
+            ..KubeletClientConfig::default()
+        })
+        .expect("kubelet client");
+        *f.cluster.state().pod_proxy.write().expect("lock") = Some(pod_proxy(client));
+    };
+    with_ca(f.kubelet_ca_pem.clone());
+    let logs = pods
+        .logs("web", &LogParams::default())
+        .await
+        .expect("verified kubelet");
+    assert!(logs.starts_with("line 1\n"), "{logs}");
+
+    let other = rcgen::CertificateParams::default()
+        .self_signed(&rcgen::KeyPair::generate().expect("key"))
+        .expect("other CA");
+    with_ca(other.pem());
+    let (code, message) = api_status(
+        pods.logs("web", &LogParams::default())
+            .await
+            .expect_err("untrusted kubelet"),
+    );
+    assert_eq!(code, 500);
+    assert!(message.contains("tls:"), "{message}");
+    assert!(
+        KubeletClient::new(&KubeletClientConfig {
+            ca_pem: Some("not a certificate".into()),
+            ..KubeletClientConfig::default()
+        })
+        .is_err()
+    );
 }
 
 #[tokio::test]
