@@ -618,6 +618,7 @@ fn structural_causes(
             "additionalProperties cannot be set to false",
         ));
     }
+    list_type_causes(m, ty, path, causes);
     if ty == "array" && !m.contains_key("items") {
         causes.push(required_because(
             &format!("{path}.items"),
@@ -668,6 +669,91 @@ fn structural_causes(
     }
     if !root && preserve && ty.is_empty() && !int_or_string {
         // `x-kubernetes-preserve-unknown-fields: true` on its own is structural: any value.
+    }
+}
+
+/// The `x-kubernetes-list-type` rules: a known type, on arrays only; scalar items for `set`;
+/// object items with map keys that are item properties, each required or defaulted, for `map`.
+fn list_type_causes(m: &Map<String, Value>, ty: &str, path: &str, causes: &mut Vec<Cause>) {
+    let Some(list_type) = m.get("x-kubernetes-list-type") else {
+        if m.contains_key("x-kubernetes-list-map-keys") {
+            causes.push(forbidden(
+                &format!("{path}.x-kubernetes-list-map-keys"),
+                "must only be used if x-kubernetes-list-type is `map`",
+            ));
+        }
+        return;
+    };
+    let field = format!("{path}.x-kubernetes-list-type");
+    let supported = [json!("atomic"), json!("set"), json!("map")];
+    if !supported.contains(list_type) {
+        causes.push(not_supported(&field, list_type, &supported));
+        return;
+    }
+    if ty != "array" {
+        causes.push(invalid(
+            &field,
+            list_type,
+            "must only be used on type array",
+        ));
+        return;
+    }
+    let items = m.get("items").unwrap_or(&Value::Null);
+    let item_type = s(items, "/type");
+    match list_type.as_str() {
+        Some("set") => {
+            if item_type == "object" || item_type == "array" {
+                causes.push(invalid(
+                    &format!("{path}.items.type"),
+                    &json!(item_type),
+                    "must be a scalar type if parent array's x-kubernetes-list-type is `set`",
+                ));
+            }
+        }
+        Some("map") => {
+            let keys_field = format!("{path}.x-kubernetes-list-map-keys");
+            if item_type != "object" {
+                causes.push(invalid(
+                    &format!("{path}.items.type"),
+                    &json!(item_type),
+                    "must be object if parent array's x-kubernetes-list-type is `map`",
+                ));
+                return;
+            }
+            let keys: Vec<&str> = m
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if keys.is_empty() {
+                causes.push(required_because(
+                    &keys_field,
+                    "must not be empty if x-kubernetes-list-type is `map`",
+                ));
+            }
+            let required: Vec<&str> = items
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            for key in keys {
+                match items.get("properties").and_then(|p| p.get(key)) {
+                    None => causes.push(invalid(
+                        &keys_field,
+                        &json!(key),
+                        "entries must all be names of item properties",
+                    )),
+                    Some(prop) if !required.contains(&key) && prop.get("default").is_none() => {
+                        causes.push(required_because(
+                            &format!("{path}.items.properties[{key}].default"),
+                            "this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property",
+                        ));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
+        _ => {}
     }
 }
 
@@ -1684,6 +1770,24 @@ mod tests {
                     ["replicas"]["default"] = json!("one")
             }),
             crd_error(|c| c["spec"]["preserveUnknownFields"] = json!(true)),
+            crd_error(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                    ["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name", "port"],
+                        "items": {"type": "object", "required": ["port"], "properties": {
+                            "name": {"type": "string"}, "port": {"type": "integer"}}}})
+            }),
+            crd_error(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                    ["tags"] = json!({"type": "array", "x-kubernetes-list-type": "set",
+                        "items": {"type": "object"}})
+            }),
+            crd_error(|c| {
+                c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                    ["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
+                        "x-kubernetes-list-map-keys": ["name"],
+                        "items": {"type": "object", "properties": {"name": {"type": "string", "default": "http"}}}})
+            }),
         ];
         expect![[r#"
             valid
@@ -1700,7 +1804,10 @@ mod tests {
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].selectableFields[0].jsonPath: Invalid value: ".spec.labels": must point to a field of type string, boolean or integer. Enum string fields and strings with formats are allowed.
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].additionalPrinterColumns[0].type: Unsupported value: "map": supported values: "boolean", "date", "integer", "number", "string"
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[replicas].default: Invalid value: "string": spec.replicas in body must be of type integer: "string"
-            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.preserveUnknownFields: Invalid value: true: cannot set to true, set x-kubernetes-preserve-unknown-fields to true in spec.versions[*].schema instead"#]]
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.preserveUnknownFields: Invalid value: true: cannot set to true, set x-kubernetes-preserve-unknown-fields to true in spec.versions[*].schema instead
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[ports].items.properties[name].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[tags].items.type: Invalid value: "object": must be a scalar type if parent array's x-kubernetes-list-type is `set`
+            valid"#]]
         .assert_eq(&cases.join("\n"));
     }
 

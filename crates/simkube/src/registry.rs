@@ -372,6 +372,7 @@ pub fn builtins() -> Vec<ResourceType> {
         // authentication.k8s.io/v1: `kubectl auth whoami`.
         builtin_unlisted::<k8s_openapi::api::authentication::v1::SelfSubjectReview>()
             .verbs(&["create"]),
+        builtin_unlisted::<k8s_openapi::api::authentication::v1::TokenReview>().verbs(&["create"]),
         builtin_unlisted::<authz::LocalSubjectAccessReview>().verbs(&["create"]),
         builtin_unlisted::<authz::SelfSubjectAccessReview>().verbs(&["create"]),
         builtin_unlisted::<authz::SelfSubjectRulesReview>().verbs(&["create"]),
@@ -436,5 +437,90 @@ impl Registry {
             .iter()
             .find(|t| t.group == group && t.plural == plural && t.storage)
             .cloned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+
+    #[test]
+    fn builtins_are_unique_and_consistent() {
+        let reg = Registry::with_builtins();
+        let mut seen = BTreeSet::new();
+        for t in &reg.types {
+            assert!(seen.insert(t.gvr()), "duplicate {:?}", t.gvr());
+            assert_eq!(t.origin, Origin::Builtin);
+            assert!(t.storage);
+            assert!(!t.verbs.is_empty(), "{} has verbs", t.plural);
+            assert_eq!(t.singular, t.kind.to_ascii_lowercase());
+            if t.supports("list") {
+                assert_eq!(t.list_kind, format!("{}List", t.kind));
+            }
+            for sub in &t.subresources {
+                assert!(
+                    [
+                        "status",
+                        "scale",
+                        "binding",
+                        "eviction",
+                        "exec",
+                        "attach",
+                        "portforward",
+                        "log",
+                        "token",
+                        "approval",
+                        "finalize",
+                    ]
+                    .contains(&sub.as_str()),
+                    "{}/{sub} is a subresource discovery knows",
+                    t.plural
+                );
+            }
+        }
+        let short: Vec<&String> = reg.types.iter().flat_map(|t| &t.short_names).collect();
+        let unique: BTreeSet<&&String> = short.iter().collect();
+        // `ev` names both Event APIs, as on a real server; nothing else may collide.
+        assert_eq!(
+            short.len(),
+            unique.len() + 1,
+            "short names collide: {short:?}"
+        );
+        assert!(
+            reg.lookup("", "v1", "pods")
+                .is_some_and(|p| p.namespaced && p.has_status())
+        );
+        assert!(reg.lookup("", "v1", "nodes").is_some_and(|n| !n.namespaced));
+        assert!(reg.by_kind("apps/v1", "Deployment").is_some());
+        assert!(reg.lookup("", "v1", "widgets").is_none());
+    }
+
+    #[test]
+    fn crd_types_replace_each_other_and_bump_the_generation() {
+        let reg = Registry::with_builtins();
+        let widget = |version: &str| ResourceType {
+            group: "example.com".into(),
+            version: version.into(),
+            origin: Origin::Crd {
+                name: "widgets.example.com".into(),
+            },
+            ..(*reg.lookup("", "v1", "configmaps").expect("configmaps")).clone()
+        };
+        let one = reg.with_crd_types("widgets.example.com", vec![widget("v1")]);
+        assert_eq!(one.generation, reg.generation + 1);
+        assert!(one.lookup("example.com", "v1", "configmaps").is_some());
+        let two = one.with_crd_types("widgets.example.com", vec![widget("v2")]);
+        assert!(
+            two.lookup("example.com", "v1", "configmaps").is_none(),
+            "old version replaced"
+        );
+        assert!(two.lookup("example.com", "v2", "configmaps").is_some());
+        assert_eq!(two.types.len(), reg.types.len() + 1);
+        let gone = two.with_crd_types("widgets.example.com", Vec::new());
+        assert_eq!(gone.types.len(), reg.types.len());
+        assert_eq!(gone.generation, reg.generation + 3);
+        assert!(gone.group_types("example.com").next().is_none());
     }
 }
