@@ -22,7 +22,7 @@ use crate::store::{Event, EventType, Expired, WatchStart};
 use crate::table::{self, IncludeObject};
 
 /// Lines buffered between the watch task and the HTTP body.
-const LINE_BUFFER: usize = 256;
+const LINE_BUFFER: usize = 32;
 /// A client that does not read an event for this long is cut off.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// The annotation marking the end of a streaming list's initial events.

@@ -400,6 +400,18 @@ async fn namespaces_must_exist_and_terminating_ones_refuse_content() {
         Some(vec!["kubernetes".to_owned()])
     );
 
+    let err = api_error(
+        nss.delete("default", &DeleteParams::default())
+            .await
+            .expect_err("immortal"),
+    );
+    assert_eq!(
+        (err.code, err.message.as_str()),
+        (
+            403,
+            "namespaces \"default\" is forbidden: this namespace may not be deleted"
+        )
+    );
     let inside: Api<ConfigMap> = Api::namespaced(client.clone(), "doomed");
     inside
         .create(&PostParams::default(), &cm("before"))

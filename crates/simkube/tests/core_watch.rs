@@ -584,3 +584,112 @@ async fn metadata_watcher_gets_partial_object_metadata() {
     }
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exact_list_at_a_compacted_rv_is_410_and_at_a_kept_rv_is_the_old_state() {
+    let c = Cluster::builder().start().await.expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(c.client());
+    let first = create(&api, "a", &[])
+        .await
+        .metadata
+        .resource_version
+        .expect("rv");
+    create(&api, "b", &[]).await;
+    let exact = ListParams::default()
+        .at(&first)
+        .matching(kube::api::VersionMatch::Exact);
+    let old = api.list(&exact).await.expect("exact list in history");
+    assert_eq!(names(&old.items), ["a"]);
+    assert_eq!(
+        old.metadata.resource_version.as_deref(),
+        Some(first.as_str())
+    );
+    c.compact();
+    let err = api.list(&exact).await.expect_err("compacted");
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 410 && s.reason == "Expired"),
+        "{err:?}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn timeout_seconds_ends_the_stream_after_a_final_bookmark() {
+    let c = Cluster::builder()
+        .bookmark_interval(Duration::from_secs(600))
+        .start()
+        .await
+        .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(c.client());
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
+    let started = std::time::Instant::now();
+    let stream = api
+        .watch(&WatchParams::default().timeout(1), &rv)
+        .await
+        .expect("watch");
+    let events: Vec<_> =
+        tokio::time::timeout(Duration::from_secs(5), stream.try_collect::<Vec<_>>())
+            .await
+            .expect("the stream ends by itself")
+            .expect("clean end");
+    assert!(started.elapsed() >= Duration::from_millis(900));
+    assert!(
+        matches!(events.last(), Some(WatchEvent::Bookmark(_))),
+        "{events:?}"
+    );
+    c.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_watcher_that_does_not_read_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let c = Cluster::builder()
+        .watch_buffer(16)
+        .start()
+        .await
+        .expect("start");
+    let api: Api<ConfigMap> = Api::default_namespaced(c.client());
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("rv");
+    let mut tcp = tokio::net::TcpStream::connect(c.addr())
+        .await
+        .expect("connect");
+    let req = format!(
+        "GET /api/v1/namespaces/default/configmaps?watch=true&resourceVersion={rv} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+        c.admin_token()
+    );
+    tcp.write_all(req.as_bytes()).await.expect("write");
+    // Far more than socket buffers hold, while the watcher reads nothing.
+    let big = "x".repeat(200 * 1024);
+    for i in 0..100 {
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": format!("big-{i}")}, "data": {"k": big}}),
+        )
+        .expect("cm");
+        api.create(&PostParams::default(), &cm)
+            .await
+            .expect("create");
+    }
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), tcp.read_to_end(&mut out))
+        .await
+        .expect("the server ended the stream instead of waiting for the timeout")
+        .expect("read");
+    let events = out
+        .windows(14)
+        .filter(|w| w == b"\"type\":\"ADDED\"")
+        .count();
+    assert!(events > 0 && events < 100, "cut off after {events} events");
+    c.shutdown().await;
+}

@@ -789,6 +789,9 @@ fn review(ctx: &Ctx<'_>, obj: &Value) -> Result<Option<Value>, ApiError> {
         ("authentication.k8s.io", "selfsubjectreviews") => {
             return Ok(Some(auth::self_subject_review(user)));
         }
+        ("authentication.k8s.io", "tokenreviews") => {
+            return Ok(Some(ctx.state.authenticator.token_review(obj)));
+        }
         _ => return Ok(None),
     };
     let mut answer = answer;
@@ -1339,6 +1342,12 @@ fn delete_one(
         .is_some_and(|v| !v.is_null());
     let is_pod = rt.group.is_empty() && rt.plural == "pods";
     let is_ns = rt.group.is_empty() && rt.plural == "namespaces";
+    if is_ns && matches!(name, "default" | "kube-system" | "kube-public") {
+        return Err(ApiError::forbidden(format!(
+            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+        ))
+        .with_details("", "namespaces", name));
+    }
     // Graceful deletion: pods bound to a node that has not finished them.
     let mut grace = 0;
     if is_pod {
