@@ -20,6 +20,25 @@
 //!  external CIDR /16 for this cluster ─────────────────────► 10.4.0.0/16
 //! ```
 //!
+//! # Example
+//!
+//! ```
+//! use tether_ipam::{CidrKind, Ipam, IpamConfig};
+//!
+//! let local_pods = "10.0.0.0/16".parse().unwrap();
+//! let mut ipam = Ipam::new(IpamConfig::with_reserved(vec![local_pods]))?;
+//! let b = ipam.map_peer_cidr("cluster-b", CidrKind::Pod, "10.0.0.0/16".parse().unwrap())?;
+//! assert_eq!(b.local_view.to_string(), "10.1.0.0/16");
+//! assert_eq!(b.to_local_view("10.0.3.7".parse().unwrap()), Some("10.1.3.7".parse().unwrap()));
+//! let e = ipam.map_peer_cidr("cluster-e", CidrKind::Pod, "172.20.0.0/16".parse().unwrap())?;
+//! assert!(!e.is_remapped());
+//!
+//! // Persist `state()` (serde), and later continue exactly where this instance left off.
+//! let restored = Ipam::restore(ipam.config().clone(), &ipam.state())?;
+//! assert_eq!(restored, ipam);
+//! # Ok::<(), tether_ipam::IpamError>(())
+//! ```
+//!
 //! # Invariants
 //!
 //! - No two live allocations (local views, identity mappings, the external CIDR) overlap, and

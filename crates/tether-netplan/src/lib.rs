@@ -44,6 +44,33 @@
 //! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
 //! pod CIDR, and a mark would send them straight back into the tunnel.
 //!
+//! # Example
+//!
+//! ```
+//! use tether_netplan::{CidrMapping, GatewayInput, LocalNetworks, Observed, PeerInput, diff, plan};
+//!
+//! let input = GatewayInput {
+//!     pod_interfaces: vec!["eth0".into()],
+//!     local: LocalNetworks { pod_cidrs: vec!["10.0.0.0/16".parse().unwrap()], external_cidr: None },
+//!     peers: vec![PeerInput {
+//!         id: "cluster-b".into(),
+//!         interface: "tether-b".into(),
+//!         tunnel_address: Some("169.254.18.1/30".parse().unwrap()),
+//!         pod: CidrMapping::remapped("10.0.0.0/16".parse().unwrap(), "10.71.0.0/16".parse().unwrap()),
+//!         external: None,
+//!     }],
+//!     ..GatewayInput::default()
+//! };
+//! let desired = plan(&input)?;
+//! assert_eq!(desired.routes[0].to_string(), "10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700");
+//! assert_eq!(desired.rules[0].to_string(), "pref 7700 fwmark 0x7700/0xffff lookup 7700");
+//! // Against an empty kernel everything is added; `render()` is the `nft -f -` script.
+//! let ops = diff(&desired, &Observed::default());
+//! assert_eq!(ops.len(), desired.sysctls.len() + 1 + 1 + 1 + 1);
+//! assert!(desired.nft.render().contains("dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 }"));
+//! # Ok::<(), tether_netplan::PlanError>(())
+//! ```
+//!
 //! # Ownership
 //!
 //! A gateway owns one nftables table, the route tables `route_table_base..+MAX_PEERS`, the rules
