@@ -710,6 +710,52 @@ async fn csr_signer_does_not_auto_approve_and_refuses_bad_usages() {
     );
 }
 
+#[tokio::test]
+async fn kubelet_client_signer_checks_the_node_identity() {
+    let (_cluster, client) = start(Controllers::all(), true).await;
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    let kubelet_csr = |name: &str, pem: &str| {
+        let mut csr = csr_object(
+            name,
+            pem,
+            &["digital signature", "key encipherment", "client auth"],
+        );
+        csr.spec.signer_name = "kubernetes.io/kube-apiserver-client-kubelet".to_owned();
+        csr
+    };
+    let node = csr_pem("system:node:n1", &["system:nodes"]);
+    let impostor = csr_pem("system:node:n2", &["admins"]);
+    for (name, pem) in [("node-n1", &node), ("impostor", &impostor)] {
+        api.create(&PostParams::default(), &kubelet_csr(name, pem))
+            .await
+            .expect("create");
+        approve(&client, name).await;
+    }
+    eventually("the node's certificate", || async {
+        api.get("node-n1")
+            .await
+            .expect("get")
+            .status
+            .and_then(|s| s.certificate)
+    })
+    .await;
+    let failed = eventually("the impostor to be refused", || async {
+        api.get("impostor")
+            .await
+            .expect("get")
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Failed")
+    })
+    .await;
+    assert_eq!(
+        failed.message.as_deref(),
+        Some("subject organization is not system:nodes")
+    );
+}
+
 /// Approval, signing, kubectl reading the certificate, and the signed certificate authenticating
 /// over HTTPS as the CSR's CN with its O values as groups.
 #[tokio::test]
