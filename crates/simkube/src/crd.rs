@@ -701,14 +701,12 @@ fn list_type_causes(m: &Map<String, Value>, ty: &str, path: &str, causes: &mut V
     let items = m.get("items").unwrap_or(&Value::Null);
     let item_type = s(items, "/type");
     match list_type.as_str() {
-        Some("set") => {
-            if item_type == "object" || item_type == "array" {
-                causes.push(invalid(
-                    &format!("{path}.items.type"),
-                    &json!(item_type),
-                    "must be a scalar type if parent array's x-kubernetes-list-type is `set`",
-                ));
-            }
+        Some("set") if item_type == "object" || item_type == "array" => {
+            causes.push(invalid(
+                &format!("{path}.items.type"),
+                &json!(item_type),
+                "must be a scalar type if parent array's x-kubernetes-list-type is `set`",
+            ));
         }
         Some("map") => {
             let keys_field = format!("{path}.x-kubernetes-list-map-keys");
