@@ -587,3 +587,22 @@ fn invalid_input_is_rejected_with_a_message_naming_it() {
         no local pods: local pod CIDRs are empty: the gateway must know them to accept traffic from peers
     "#]].assert_eq(&errors(cases));
 }
+
+#[test]
+fn sysctl_keys_keep_dots_of_interface_names() {
+    let mut input = gateway(vec![peer(
+        "cluster-b",
+        "tether-b",
+        "10.0.0.0/16",
+        "10.71.0.0/16",
+    )]);
+    input.pod_interfaces = vec!["eth0.100".to_owned()];
+    let plan = plan(&input).expect("valid");
+    let pod_sysctl = plan
+        .sysctls
+        .iter()
+        .find(|sysctl| sysctl.key.contains("eth0.100"))
+        .expect("pod interface sysctl");
+    assert_eq!(pod_sysctl.key, "net/ipv4/conf/eth0.100/rp_filter");
+    assert_eq!(pod_sysctl.to_string(), "net.ipv4.conf.eth0/100.rp_filter=2");
+}
