@@ -288,9 +288,108 @@ impl Authenticator {
     }
 
     fn service_account_user(&self, token: &str, now_unix: i64) -> Result<UserInfo, String> {
+        self.service_account_user_for(token, now_unix, self.issuer.api_audiences())
+            .map(|(user, _)| user)
+    }
+
+    /// Answers a TokenReview (authentication.k8s.io/v1): whether `spec.token` authenticates, for
+    /// `spec.audiences` (default: the API audiences), and as whom. Failures are reported in
+    /// `status.error` with `authenticated: false`, never as an HTTP error.
+    pub fn token_review(&self, review: &serde_json::Value) -> serde_json::Value {
+        self.token_review_at(review, now_unix())
+    }
+
+    /// [`Authenticator::token_review`] at `now_unix`.
+    pub fn token_review_at(&self, review: &serde_json::Value, now_unix: i64) -> serde_json::Value {
+        use serde_json::{Value, json};
+        let spec = review.get("spec").cloned().unwrap_or_else(|| json!({}));
+        let token = spec
+            .get("token")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let requested: Vec<String> = spec
+            .get("audiences")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let accepted: Vec<String> = if requested.is_empty() {
+            self.issuer.api_audiences().to_vec()
+        } else {
+            requested.clone()
+        };
+        let api_audience = accepted
+            .iter()
+            .any(|a| self.issuer.api_audiences().contains(a));
+        let fixed = if token.is_empty() || !api_audience {
+            None
+        } else if self.admin_token.matches(token) {
+            Some(UserInfo::authenticated(
+                ADMIN_USER,
+                &[SYSTEM_MASTERS.to_owned()],
+            ))
+        } else {
+            self.static_tokens
+                .iter()
+                .find(|(t, _)| t.matches(token))
+                .map(|(_, u)| u.clone())
+        };
+        let outcome = match fixed {
+            Some(user) => Ok((user, self.issuer.api_audiences().to_vec())),
+            None if token.is_empty() => Err("token is empty".to_owned()),
+            None => self.service_account_user_for(token, now_unix, &accepted),
+        };
+        let status = match outcome {
+            Ok((user, token_audiences)) => {
+                let audiences: Vec<&String> = token_audiences
+                    .iter()
+                    .filter(|a| accepted.contains(a))
+                    .collect();
+                let mut info = json!({"username": user.username, "groups": user.groups});
+                if !user.uid.is_empty() {
+                    info["uid"] = json!(user.uid);
+                }
+                if !user.extra.is_empty() {
+                    info["extra"] = json!(user.extra);
+                }
+                json!({"authenticated": true, "user": info, "audiences": audiences})
+            }
+            Err(error) => json!({
+                "authenticated": false,
+                "user": {},
+                "error": format!("[invalid bearer token, {error}]"),
+            }),
+        };
+        let mut metadata = review.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        if metadata.get("creationTimestamp").is_none() {
+            metadata["creationTimestamp"] = Value::Null;
+        }
+        let mut spec = spec;
+        if !requested.is_empty() {
+            spec["audiences"] = json!(requested);
+        }
+        json!({
+            "kind": "TokenReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": metadata,
+            "spec": spec,
+            "status": status,
+        })
+    }
+
+    fn service_account_user_for(
+        &self,
+        token: &str,
+        now_unix: i64,
+        accepted: &[String],
+    ) -> Result<(UserInfo, Vec<String>), String> {
         let claims = self
             .issuer
-            .verify(token, now_unix)
+            .verify_for(token, now_unix, accepted)
             .map_err(|e| e.to_string())?;
         match (self.service_accounts)(&claims.namespace, &claims.name) {
             Some(uid) if claims.uid.is_empty() || uid == claims.uid => {}
@@ -358,7 +457,7 @@ impl Authenticator {
                 );
             }
         }
-        Ok(user)
+        Ok((user, claims.audiences))
     }
 }
 

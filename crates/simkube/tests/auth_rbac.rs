@@ -450,3 +450,52 @@ async fn self_subject_access_review_answers_for_the_caller() {
     assert_eq!(post(ask("other", "list")).await["status"]["allowed"], false);
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn token_review_verifies_tokens_for_delegated_authentication() {
+    let c = cluster("rbac-tokenreview").await;
+    let admin = c.client();
+    tenant(&admin, "tenant-a").await;
+    let (token, _) = token_for(&admin, "tenant-a", 600).await;
+    let review = |client: Client, token: String| async move {
+        let body = json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token},
+        });
+        let request = http::Request::post("/apis/authentication.k8s.io/v1/tokenreviews")
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).expect("json"))
+            .expect("request");
+        client.request::<Value>(request).await
+    };
+    let answer = review(admin.clone(), token.clone()).await.expect("review");
+    assert_eq!(answer["status"]["authenticated"], true, "{answer}");
+    assert_eq!(
+        answer["status"]["user"]["username"],
+        "system:serviceaccount:tenant-a:robot"
+    );
+    let answer = review(admin.clone(), "forged".into())
+        .await
+        .expect("review");
+    assert_eq!(answer["status"]["authenticated"], false);
+    // Creating TokenReviews needs system:auth-delegator (or similar).
+    let robot = c.client_with_token(&token).expect("client");
+    let status = api_error(review(robot.clone(), token.clone()).await);
+    assert_eq!(
+        status.message,
+        r#"tokenreviews.authentication.k8s.io is forbidden: User "system:serviceaccount:tenant-a:robot" cannot create resource "tokenreviews" in API group "authentication.k8s.io" at the cluster scope"#
+    );
+    let delegator = json!({
+        "metadata": {"name": "robot-delegator"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": "tenant-a"}],
+    });
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &object(delegator))
+        .await
+        .expect("binding");
+    let answer = review(robot, token).await.expect("allowed now");
+    assert_eq!(answer["status"]["authenticated"], true);
+    c.shutdown().await;
+}

@@ -56,7 +56,8 @@ const TO_VIEW: &str = "rbac.authorization.k8s.io/aggregate-to-view";
 /// The default ClusterRoles: `cluster-admin`; the aggregated user-facing `admin`, `edit` and
 /// `view` with the `system:aggregate-to-*` roles that feed them (their `rules` are empty here
 /// and filled by [`super::aggregate`], as the aggregation controller fills them); and
-/// `system:discovery`, `system:basic-user`, `system:public-info-viewer`.
+/// `system:discovery`, `system:basic-user`, `system:public-info-viewer` and
+/// `system:auth-delegator` (TokenReview and SubjectAccessReview, for delegated authentication).
 pub fn default_cluster_roles() -> Vec<Value> {
     let view_rules = vec![
         rule(
@@ -258,6 +259,18 @@ pub fn default_cluster_roles() -> Vec<Value> {
                 rule(
                     &["authentication.k8s.io"],
                     &["selfsubjectreviews"],
+                    &["create"],
+                ),
+            ],
+        ),
+        cluster_role(
+            "system:auth-delegator",
+            &[],
+            vec![
+                rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+                rule(
+                    &["authorization.k8s.io"],
+                    &["subjectaccessreviews"],
                     &["create"],
                 ),
             ],

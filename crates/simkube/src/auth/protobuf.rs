@@ -183,8 +183,8 @@ fn unsupported(detail: &str) -> ApiError {
 }
 
 /// Decodes a protobuf body (`application/vnd.kubernetes.protobuf`) of a SelfSubjectAccessReview,
-/// SubjectAccessReview, LocalSubjectAccessReview, SelfSubjectRulesReview, SelfSubjectReview or
-/// TokenRequest into its JSON form. Other kinds are refused with 415, like every protobuf body
+/// SubjectAccessReview, LocalSubjectAccessReview, SelfSubjectRulesReview, SelfSubjectReview,
+/// TokenReview or TokenRequest into its JSON form. Other kinds are refused with 415, like every protobuf body
 /// this server does not understand.
 pub fn decode_protobuf_request(body: &[u8]) -> Result<Value, ApiError> {
     let malformed = || unsupported("malformed protobuf envelope");
@@ -212,6 +212,7 @@ pub fn decode_protobuf_request(body: &[u8]) -> Result<Value, ApiError> {
         "SelfSubjectRulesReview" => |d| strings_message(d, &[(1, "namespace")], &[]),
         "SelfSubjectReview" => |_| Some(json!({})),
         "TokenRequest" => token_request_spec,
+        "TokenReview" => |d| strings_message(d, &[(1, "token"), (2, "audiences")], &[2]),
         other => {
             return Err(unsupported(&format!(
                 "protobuf request bodies are only understood for access reviews and \

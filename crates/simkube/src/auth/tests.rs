@@ -1719,3 +1719,62 @@ fn impersonation_needs_the_impersonate_verb() {
     .expect("some");
     assert_eq!(anyone.groups, ["system:unauthenticated"]);
 }
+
+#[test]
+fn token_reviews() {
+    let issuer = Arc::new(TokenIssuer::generate().expect("key"));
+    let table: SaTable = Arc::new(Mutex::new(vec![(
+        "ns".into(),
+        "robot".into(),
+        "u-1".into(),
+    )]));
+    let auth = authenticator(issuer.clone(), table);
+    let review = |token: &str, audiences: Value| {
+        auth.token_review_at(
+            &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token, "audiences": audiences}}),
+            NOW,
+        )
+    };
+    let api = token_request(&issuer, &sa("ns", "robot", "u-1"), &json!({}), NOW).expect("ok");
+    let api = api["status"]["token"].as_str().expect("token");
+    let answer = review(api, json!([]));
+    assert_eq!(answer["status"]["authenticated"], true, "{answer}");
+    assert_eq!(
+        answer["status"]["user"]["username"],
+        "system:serviceaccount:ns:robot"
+    );
+    assert_eq!(answer["status"]["user"]["uid"], "u-1");
+    assert_eq!(answer["status"]["audiences"], json!([DEFAULT_ISSUER]));
+    // A token minted for another audience only passes a review naming that audience.
+    let vault = token_request(
+        &issuer,
+        &sa("ns", "robot", "u-1"),
+        &json!({"spec": {"audiences": ["vault"]}}),
+        NOW,
+    )
+    .expect("ok");
+    let vault = vault["status"]["token"].as_str().expect("token");
+    assert_eq!(review(vault, json!([]))["status"]["authenticated"], false);
+    let answer = review(vault, json!(["vault", "other"]));
+    assert_eq!(
+        (
+            answer["status"]["authenticated"].clone(),
+            answer["status"]["audiences"].clone()
+        ),
+        (json!(true), json!(["vault"]))
+    );
+    assert_eq!(
+        review(api, json!(["vault"]))["status"]["authenticated"],
+        false
+    );
+    let answer = review("garbage", json!([]));
+    assert_eq!(answer["status"]["authenticated"], false);
+    assert_eq!(
+        answer["status"]["error"],
+        "[invalid bearer token, malformed token]"
+    );
+    assert_eq!(
+        review("admin-secret-token", json!([]))["status"]["user"]["groups"],
+        json!(["system:masters", "system:authenticated"])
+    );
+}

@@ -69,6 +69,8 @@ pub struct ServiceAccountClaims {
     pub node: Option<(String, String)>,
     /// `exp`, Unix seconds.
     pub expires: i64,
+    /// `aud`.
+    pub audiences: Vec<String>,
 }
 
 /// Signs and verifies ServiceAccount tokens for one cluster. The key is generated per cluster
@@ -186,6 +188,17 @@ impl TokenIssuer {
     /// Verifies signature, issuer, audience and validity window at `now_unix`, and extracts the
     /// ServiceAccount claims. Whether the ServiceAccount still exists is the caller's check.
     pub fn verify(&self, token: &str, now_unix: i64) -> Result<ServiceAccountClaims, TokenError> {
+        self.verify_for(token, now_unix, &self.api_audiences)
+    }
+
+    /// [`TokenIssuer::verify`] accepting any of `audiences` instead of the API audiences (for a
+    /// TokenReview naming its own audiences). The claims' `audiences` are the token's `aud`.
+    pub fn verify_for(
+        &self,
+        token: &str,
+        now_unix: i64,
+        accepted: &[String],
+    ) -> Result<ServiceAccountClaims, TokenError> {
         let mut parts = token.split('.');
         let (Some(h), Some(c), Some(s), None) =
             (parts.next(), parts.next(), parts.next(), parts.next())
@@ -223,7 +236,7 @@ impl TokenIssuer {
                 .collect(),
             _ => Vec::new(),
         };
-        if !audiences.iter().any(|a| self.api_audiences.contains(a)) {
+        if !audiences.iter().any(|a| accepted.contains(a)) {
             return Err(TokenError::WrongAudience(audiences));
         }
         let exp = claims
@@ -286,6 +299,7 @@ impl TokenIssuer {
             bound,
             node,
             expires: exp,
+            audiences,
         })
     }
 }

@@ -12,6 +12,7 @@ use http::{Method, StatusCode, header};
 use serde_json::{Map, Value, json};
 
 use super::{
+    convert,
     Query, Repr, ResourcePath, ServerState, decode_body, json_response, method_not_allowed,
     raw_json, read_body,
 };
@@ -31,7 +32,7 @@ pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
 pub(crate) const ORPHAN_FINALIZER: &str = "orphan";
 
 fn key(rt: &ResourceType) -> TypeKey {
-    ServerState::type_key(rt)
+    convert::storage_key(rt)
 }
 
 fn ns_key() -> TypeKey {
@@ -268,14 +269,9 @@ pub(super) async fn serve(
 // ---------------------------------------------------------------------------------------------
 // Representation
 
-/// The object as served at the requested version (CRDs with several versions share storage).
+/// The object as served at the requested version (see [`convert`]).
 fn at_version(rt: &ResourceType, obj: &Value) -> Option<Value> {
-    let want = rt.api_version();
-    (obj["apiVersion"].as_str() != Some(want.as_str())).then(|| {
-        let mut o = obj.clone();
-        o["apiVersion"] = json!(want);
-        o
-    })
+    convert::to_served(rt, obj)
 }
 
 fn partial_metadata(obj: &Value) -> Value {
