@@ -6,11 +6,13 @@
 
 use std::io::{self, IoSliceMut};
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use tether_wg::{Decapsulated, Device, Encapsulated, MIN_OUT_BUF, PeerIndex};
 use tun_rs::{GROTable, IDEAL_BATCH_SIZE, InterruptEvent, SyncDevice, VIRTIO_NET_HDR_LEN};
@@ -25,8 +27,11 @@ const RX_BUF: usize = 65535;
 const MAX_GSO_SEGMENTS: usize = 64;
 /// Socket buffer sizes: big enough to absorb a 64-segment burst from every peer.
 const SOCKET_BUFFER: usize = 8 << 20;
-/// How long a blocked UDP receive waits before checking for shutdown.
+/// How long the receive loop waits for a datagram before checking for shutdown.
 const RX_POLL: Duration = Duration::from_millis(200);
+/// How long one wait for send-buffer room lasts, and how many waits a send gets.
+const SEND_WAIT: Duration = Duration::from_millis(100);
+const SEND_RETRIES: usize = 50;
 /// Largest GRO-coalesced write to a TUN.
 const TUN_WRITE_MAX: usize = 65535;
 
@@ -57,11 +62,10 @@ impl Socket {
     /// Binds `addr` and enables GSO, GRO and large buffers.
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
         let socket = UdpSocket::bind(addr)?;
+        // quinn-udp makes the socket non-blocking, and it must stay so: a blocking recvmmsg
+        // waits until *every* slot is filled (or the timeout), which adds the whole timeout
+        // to each handshake message. The loops poll for readiness instead.
         let state = UdpSocketState::new((&socket).into())?;
-        // quinn-udp makes the socket non-blocking; these threads want blocking IO with a
-        // timeout so that they notice shutdown.
-        socket.set_nonblocking(false)?;
-        socket.set_read_timeout(Some(RX_POLL))?;
         // Best effort: an unprivileged container may cap these.
         let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
         let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
@@ -81,7 +85,28 @@ impl Socket {
             segment_size,
             src_ip: None,
         };
-        self.state.try_send((&self.socket).into(), &t)
+        // A full send buffer is back-pressure, not loss: wait for room (bounded, so a wedged
+        // socket cannot stall shutdown forever).
+        for _ in 0..SEND_RETRIES {
+            match self.state.try_send((&self.socket).into(), &t) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.wait(PollFlags::POLLOUT, SEND_WAIT)?;
+                }
+                other => return other,
+            }
+        }
+        Err(io::Error::from(io::ErrorKind::WouldBlock))
+    }
+
+    /// Waits until the socket is ready for `flags` or `timeout` passes; `Ok(false)` on timeout.
+    fn wait(&self, flags: PollFlags, timeout: Duration) -> io::Result<bool> {
+        let mut fds = [PollFd::new(self.socket.as_fd(), flags)];
+        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+        match poll(&mut fds, PollTimeout::from(ms)) {
+            Ok(n) => Ok(n > 0),
+            Err(nix::errno::Errno::EINTR) => Ok(false),
+            Err(e) => Err(io::Error::from(e)),
+        }
     }
 
     fn max_gso_segments(&self) -> usize {
@@ -341,6 +366,15 @@ fn decrypt_loop(s: &Shared) {
     loop {
         if s.stop.load(Relaxed) {
             return;
+        }
+        match s.socket.wait(PollFlags::POLLIN, RX_POLL) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                s.counters.udp_recv_errors.fetch_add(1, Relaxed);
+                tracing::debug!(error = %e, "poll failed");
+                continue;
+            }
         }
         let n = {
             let mut iovs: Vec<IoSliceMut<'_>> = rx.iter_mut().map(|b| IoSliceMut::new(b)).collect();

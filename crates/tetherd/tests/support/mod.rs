@@ -71,7 +71,10 @@ pub fn start_gateway(cluster: &Cluster, files: &GatewayFiles) -> ProcessGuard {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tetherd"));
     cmd.args(["gateway", "--config"])
         .arg(&files.path)
-        .env("TETHER_LOG", "info,tether_gateway=debug")
+        .env(
+            "TETHER_LOG",
+            std::env::var("TETHER_TEST_GATEWAY_LOG").unwrap_or_else(|_| "info".to_owned()),
+        )
         .stdin(Stdio::null());
     cluster
         .gateway()
