@@ -618,7 +618,31 @@ pub(crate) fn forbidden(group: &str, resource: &str, name: &str, why: &str) -> A
 /// Authorizes a request; on denial, the 403 kube-apiserver sends, e.g.
 /// `pods "p" is forbidden: User "alice" cannot get resource "pods" in API group "" in the
 /// namespace "x"`.
+///
+/// A `get` of `pods/exec`, `pods/attach` or `pods/portforward` (the WebSocket form of those
+/// streams) also needs `create` on the same subresource, as kube-apiserver 1.31+ checks
+/// (`AuthorizePodWebsocketUpgradeCreatePermission`), so `get` alone cannot open a shell.
 pub fn authorize(rbac: &RbacView, attrs: &RequestAttributes) -> Result<(), ApiError> {
+    deny_unless_allowed(rbac, attrs)?;
+    let streaming = attrs.resource_request
+        && attrs.verb == "get"
+        && attrs.api_group.is_empty()
+        && attrs.resource == "pods"
+        && matches!(
+            attrs.subresource.as_str(),
+            "exec" | "attach" | "portforward"
+        );
+    if streaming {
+        let create = RequestAttributes {
+            verb: "create".into(),
+            ..attrs.clone()
+        };
+        deny_unless_allowed(rbac, &create)?;
+    }
+    Ok(())
+}
+
+fn deny_unless_allowed(rbac: &RbacView, attrs: &RequestAttributes) -> Result<(), ApiError> {
     let decision = decide(rbac, attrs);
     if decision.allowed {
         return Ok(());

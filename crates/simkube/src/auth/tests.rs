@@ -1778,3 +1778,58 @@ fn token_reviews() {
         json!(["system:masters", "system:authenticated"])
     );
 }
+
+#[test]
+fn websocket_exec_needs_create_as_well_as_get() {
+    let rbac = view(
+        vec![
+            role(
+                "ns",
+                "peek",
+                json!([{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get"]}]),
+            ),
+            role(
+                "ns",
+                "shell",
+                json!([{"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["get", "create"]}]),
+            ),
+        ],
+        vec![],
+        vec![
+            role_binding(
+                "ns",
+                "peek",
+                "Role",
+                "peek",
+                json!([subject("User", "peeker")]),
+            ),
+            role_binding(
+                "ns",
+                "shell",
+                "Role",
+                "shell",
+                json!([subject("User", "sheller")]),
+            ),
+        ],
+        vec![],
+    );
+    let peeker = user("peeker", &[]);
+    assert_eq!(
+        message(authorize(
+            &rbac,
+            &attrs(&peeker, "get", "", "pods/exec", "ns", "p")
+        )),
+        r#"pods "p" is forbidden: User "peeker" cannot create resource "pods/exec" in API group "" in the namespace "ns""#
+    );
+    let sheller = user("sheller", &[]);
+    assert!(authorize(&rbac, &attrs(&sheller, "get", "", "pods/exec", "ns", "p")).is_ok());
+    assert!(
+        authorize(
+            &rbac,
+            &attrs(&sheller, "create", "", "pods/exec", "ns", "p")
+        )
+        .is_ok()
+    );
+    // The review API reports the single check asked about.
+    assert!(decide(&rbac, &attrs(&peeker, "get", "", "pods/exec", "ns", "p")).allowed);
+}
