@@ -494,6 +494,9 @@ impl Store {
     /// keeps counting, so every old resume point gets 410 and clients re-list.
     pub fn reset(&self) {
         let mut inner = self.lock();
+        // One step past every RV handed out so far: a watcher resuming from the very last RV
+        // (bookmarks keep it current) must get 410 too, or it would keep objects that are gone.
+        inner.rv += 1;
         let rv = inner.rv;
         for ts in inner.types.values_mut() {
             ts.objects.clear();
