@@ -440,6 +440,184 @@ impl Registry {
     }
 }
 
+/// The unknown-field check of a built-in kind: decodes into the k8s-openapi type and lists the
+/// input fields the typed value does not carry back out.
+type TypedCheck = fn(&Value) -> Vec<String>;
+
+fn typed_check(group: &str, kind: &str) -> Option<TypedCheck> {
+    use k8s_openapi::Resource;
+    use k8s_openapi::api::{
+        admissionregistration::v1 as admission, apps::v1 as apps, authentication::v1 as authn,
+        authorization::v1 as authz, batch::v1 as batch, certificates::v1 as certs,
+        coordination::v1 as coord, core::v1 as core, discovery::v1 as disc, events::v1 as events,
+        networking::v1 as net, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as sched,
+        storage::v1 as storage,
+    };
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    macro_rules! find {
+        ($($t:ty),* $(,)?) => {
+            $(
+                if group == <$t as Resource>::GROUP && kind == <$t as Resource>::KIND {
+                    return Some(typed_unknown::<$t>);
+                }
+            )*
+        };
+    }
+    find!(
+        core::ConfigMap,
+        core::Endpoints,
+        core::Event,
+        core::Namespace,
+        core::Node,
+        core::Pod,
+        core::LimitRange,
+        core::PersistentVolumeClaim,
+        core::PersistentVolume,
+        core::ResourceQuota,
+        core::Secret,
+        core::ServiceAccount,
+        core::Service,
+        apiext::CustomResourceDefinition,
+        apps::Deployment,
+        apps::DaemonSet,
+        apps::ReplicaSet,
+        apps::StatefulSet,
+        admission::MutatingWebhookConfiguration,
+        admission::ValidatingWebhookConfiguration,
+        batch::CronJob,
+        batch::Job,
+        net::Ingress,
+        net::NetworkPolicy,
+        policy::PodDisruptionBudget,
+        sched::PriorityClass,
+        storage::StorageClass,
+        authn::SelfSubjectReview,
+        authn::TokenReview,
+        authz::LocalSubjectAccessReview,
+        authz::SelfSubjectAccessReview,
+        authz::SelfSubjectRulesReview,
+        authz::SubjectAccessReview,
+        certs::CertificateSigningRequest,
+        coord::Lease,
+        disc::EndpointSlice,
+        events::Event,
+        rbac::ClusterRoleBinding,
+        rbac::ClusterRole,
+        rbac::RoleBinding,
+        rbac::Role,
+    );
+    None
+}
+
+fn typed_unknown<K>(obj: &Value) -> Vec<String>
+where
+    K: serde::de::DeserializeOwned + serde::Serialize,
+{
+    // A body that does not even decode is left to the server's other checks: k8s-openapi is
+    // stricter than Go in places (numbers for quantities), so a decode error is not evidence.
+    let Ok(typed) = serde_json::from_value::<K>(obj.clone()) else {
+        return Vec::new();
+    };
+    let Ok(back) = serde_json::to_value(&typed) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    missing_fields(obj, &back, "", &mut out);
+    out
+}
+
+/// Paths of the non-null fields of `input` that `typed` lacks.
+fn missing_fields(input: &Value, typed: &Value, path: &str, out: &mut Vec<String>) {
+    match (input, typed) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in a {
+                let p = if path.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{path}.{k}")
+                };
+                match b.get(k) {
+                    _ if v.is_null() => {}
+                    None => out.push(p),
+                    Some(bv) => missing_fields(v, bv, &p, out),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                missing_fields(x, y, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+impl ResourceType {
+    /// The fields of `obj` this type does not know, as `fieldValidation` reports them
+    /// (`spec.replicaz`, `spec.template.spec.containers[0].imagePullPolicyy`). Built-ins are
+    /// checked against their k8s-openapi type; custom resources against the structural schema
+    /// (see [`crate::crd::unknown_fields`]), plus `metadata` against `ObjectMeta`.
+    pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
+        match &self.origin {
+            Origin::Builtin => {
+                typed_check(&self.group, &self.kind).map_or_else(Vec::new, |f| f(obj))
+            }
+            Origin::Crd { .. } => {
+                let mut out = Vec::new();
+                if let Some(meta) = obj.get("metadata") {
+                    let typed = serde_json::from_value::<
+                        k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+                    >(meta.clone())
+                    .ok()
+                    .and_then(|m| serde_json::to_value(m).ok());
+                    if let Some(typed) = typed {
+                        missing_fields(meta, &typed, "metadata", &mut out);
+                    }
+                }
+                out.extend(crate::crd::unknown_fields(self, obj));
+                out
+            }
+        }
+    }
+}
+
+/// Applies the `fieldValidation` query parameter to a decoded write body: `Strict` (kubectl's
+/// default) rejects unknown fields with 400 BadRequest worded as kube-apiserver words it,
+/// `Warn` returns one warning per field (for `Warning: 299 - "<text>"` headers), and `Ignore` or
+/// no parameter accepts silently. Unknown modes are a 400 as on the real server.
+pub fn field_validation(
+    rt: &ResourceType,
+    obj: &Value,
+    mode: Option<&str>,
+) -> Result<Vec<String>, crate::error::ApiError> {
+    let mode = match mode {
+        None | Some("") | Some("Ignore") => return Ok(Vec::new()),
+        Some(m @ ("Strict" | "Warn")) => m,
+        Some(other) => {
+            return Err(crate::error::ApiError::bad_request(format!(
+                "fieldValidation parameter unsupported: {other:?}; valid values are Ignore, Warn, Strict"
+            )));
+        }
+    };
+    let unknown = rt.unknown_fields(obj);
+    if unknown.is_empty() {
+        return Ok(Vec::new());
+    }
+    let texts: Vec<String> = unknown
+        .iter()
+        .map(|f| format!("unknown field {f:?}"))
+        .collect();
+    if mode == "Warn" {
+        return Ok(texts);
+    }
+    Err(crate::error::ApiError::bad_request(format!(
+        "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
+        texts.join(", "),
+        kind = rt.kind,
+        version = rt.version,
+    )))
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;
@@ -495,6 +673,87 @@ mod tests {
         assert!(reg.lookup("", "v1", "nodes").is_some_and(|n| !n.namespaced));
         assert!(reg.by_kind("apps/v1", "Deployment").is_some());
         assert!(reg.lookup("", "v1", "widgets").is_none());
+    }
+
+    #[test]
+    fn unknown_fields_of_builtins_and_custom_resources() {
+        let reg = Registry::with_builtins();
+        let deploy = reg.by_kind("apps/v1", "Deployment").expect("deployments");
+        let obj = serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "labelz": {}, "labels": {"a": "b"}},
+            "spec": {"replicaz": 2, "selector": {"matchLabels": {"app": "d"}},
+                     "template": {"metadata": {"labels": {"app": "d"}},
+                                  "spec": {"containers": [{"name": "c", "image": "nginx", "imagePullPolicyy": "Always", "ports": null}]}}},
+            "status": {},
+        });
+        assert_eq!(
+            deploy.unknown_fields(&obj),
+            [
+                "metadata.labelz",
+                "spec.replicaz",
+                "spec.template.spec.containers[0].imagePullPolicyy"
+            ]
+        );
+        let err = field_validation(&deploy, &obj, Some("Strict")).expect_err("strict");
+        assert_eq!(err.code, 400);
+        assert_eq!(
+            err.message,
+            "Deployment in version \"v1\" cannot be handled as a Deployment: strict decoding error: unknown field \"metadata.labelz\", unknown field \"spec.replicaz\", unknown field \"spec.template.spec.containers[0].imagePullPolicyy\""
+        );
+        assert_eq!(
+            field_validation(&deploy, &obj, Some("Warn"))
+                .expect("warn")
+                .len(),
+            3
+        );
+        assert!(
+            field_validation(&deploy, &obj, Some("Ignore"))
+                .expect("ignore")
+                .is_empty()
+        );
+        assert!(
+            field_validation(&deploy, &obj, None)
+                .expect("default")
+                .is_empty()
+        );
+        assert_eq!(
+            field_validation(&deploy, &obj, Some("Sometimes"))
+                .expect_err("bad mode")
+                .code,
+            400
+        );
+
+        // A well-formed object of every kind has no unknown fields, whatever the defaults.
+        let cm = reg.lookup("", "v1", "configmaps").expect("configmaps");
+        let good = serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "c", "creationTimestamp": "2025-01-01T00:00:00Z", "labels": {}}, "data": {}});
+        assert!(
+            cm.unknown_fields(&good).is_empty(),
+            "{:?}",
+            cm.unknown_fields(&good)
+        );
+        // Bodies k8s-openapi cannot decode are not judged here.
+        let pod = reg.lookup("", "v1", "pods").expect("pods");
+        let numeric = serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"cpu": 1}}}], "bogus": 1}});
+        assert_eq!(pod.unknown_fields(&numeric), ["spec.bogus"]);
+        let odd =
+            serde_json::json!({"metadata": {"name": "p"}, "spec": {"containers": "c", "bogus": 1}});
+        assert!(pod.unknown_fields(&odd).is_empty());
+
+        let crd = serde_json::json!({
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {"group": "example.com", "scope": "Namespaced", "names": {"plural": "widgets", "kind": "Widget"},
+                     "versions": [{"name": "v1", "served": true, "storage": true, "schema": {"openAPIV3Schema": {
+                        "type": "object", "properties": {"spec": {"type": "object", "properties": {"a": {"type": "string"}}}}}}}]},
+        });
+        let widget = crate::crd::types_from_crd(&crd).expect("valid").remove(0);
+        let w = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
+            "metadata": {"name": "w", "bogus": 1}, "spec": {"a": "x", "b": 2}});
+        assert_eq!(widget.unknown_fields(&w), ["metadata.bogus", "spec.b"]);
+        let err = field_validation(&widget, &w, Some("Strict")).expect_err("strict");
+        assert!(err.message.starts_with("Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: unknown field \"metadata.bogus\""), "{}", err.message);
     }
 
     #[test]
