@@ -2,6 +2,7 @@
 //! fault-injects every request, parses Kubernetes URLs, negotiates the representation (JSON,
 //! Table, PartialObjectMetadata, aggregated discovery) and dispatches to the object handlers.
 
+mod convert;
 mod objects;
 mod query;
 
@@ -24,6 +25,7 @@ use crate::registry::{Registry, ResourceType};
 use crate::store::{Store, TypeKey};
 use crate::tls::ClientIdentity;
 
+pub(crate) use convert::to_served;
 pub(crate) use objects::Selectors;
 pub use query::Query;
 
@@ -172,7 +174,7 @@ impl ServerState {
 
     /// The store key for a type (its group and plural, shared by all versions).
     pub fn type_key(rt: &ResourceType) -> TypeKey {
-        TypeKey::new(&rt.group, &rt.plural)
+        convert::storage_key(rt)
     }
 }
 

@@ -52,16 +52,11 @@ impl Shape {
         out.extend_from_slice(b"{\"type\":\"");
         out.extend_from_slice(kind.as_bytes());
         out.extend_from_slice(b"\",\"object\":");
-        let want = self.rt.api_version();
         let written = match self.repr {
-            Repr::Json if obj["apiVersion"].as_str() == Some(want.as_str()) => {
-                serde_json::to_writer(&mut out, obj)
-            }
-            Repr::Json => {
-                let mut o = obj.clone();
-                o["apiVersion"] = json!(want);
-                serde_json::to_writer(&mut out, &o)
-            }
+            Repr::Json => match crate::http::to_served(&self.rt, obj) {
+                Some(o) => serde_json::to_writer(&mut out, &o),
+                None => serde_json::to_writer(&mut out, obj),
+            },
             Repr::Metadata => serde_json::to_writer(
                 &mut out,
                 &json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]}),

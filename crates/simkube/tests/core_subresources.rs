@@ -470,3 +470,51 @@ async fn kube_runtime_finalizer_helper_runs_cleanup_to_completion() {
     handle.abort();
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recorder_events_are_visible_as_core_events() {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use kube::Resource as _;
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let c = Cluster::builder().start().await.expect("start");
+    let client = c.client();
+    let cms: Api<ConfigMap> = Api::default_namespaced(client.clone());
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "observed"}})).expect("cm");
+    let cm = cms
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+    let reporter = Reporter {
+        controller: "tether-test".into(),
+        instance: Some("t-1".into()),
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Synced".into(),
+        note: Some("all good".into()),
+        action: "Sync".into(),
+        secondary: None,
+    };
+    recorder
+        .publish(&ev, &cm.object_ref(&()))
+        .await
+        .expect("publish");
+    // What `kubectl describe` asks for.
+    let core: Api<CoreEvent> = Api::default_namespaced(client.clone());
+    let found = core
+        .list(
+            &ListParams::default()
+                .fields("involvedObject.name=observed,involvedObject.kind=ConfigMap"),
+        )
+        .await
+        .expect("list core events");
+    assert_eq!(found.items.len(), 1);
+    let e = &found.items[0];
+    assert_eq!(e.message.as_deref(), Some("all good"));
+    assert_eq!(e.reason.as_deref(), Some("Synced"));
+    assert_eq!(e.reporting_component.as_deref(), Some("tether-test"));
+    assert_eq!(e.involved_object.uid, cm.metadata.uid);
+    c.shutdown().await;
+}

@@ -12,9 +12,8 @@ use http::{Method, StatusCode, header};
 use serde_json::{Map, Value, json};
 
 use super::{
-    convert,
-    Query, Repr, ResourcePath, ServerState, decode_body, json_response, method_not_allowed,
-    raw_json, read_body,
+    Query, Repr, ResourcePath, ServerState, convert, decode_body, json_response,
+    method_not_allowed, raw_json, read_body,
 };
 use crate::auth::{self, RequestAttributes};
 use crate::error::{ApiError, Cause, qualified};
@@ -849,6 +848,7 @@ fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Resp
     }
     check_type_meta(&ctx.rt, &mut obj, false)?;
     check_namespace(ctx, &mut obj)?;
+    let obj = convert::to_storage(&ctx.rt, obj);
     let dry_run = ctx.dry_run()?;
     let rt = ctx.rt.clone();
     let k = key(&rt);
@@ -1044,6 +1044,7 @@ fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, 
     check_type_meta(&ctx.rt, &mut obj, allow_missing_kind)?;
     check_namespace(ctx, &mut obj)?;
     check_name(ctx, &obj)?;
+    let obj = convert::to_storage(&ctx.rt, obj);
     let dry_run = ctx.dry_run()?;
     let k = key(&ctx.rt);
     let stored = ctx.state.store.transact(|txn| {
@@ -1128,8 +1129,8 @@ fn patch(
                     check_namespace(ctx, &mut applied)?;
                     check_name(ctx, &applied)?;
                     let now = strategy::now_rfc3339();
-                    let mut obj =
-                        patch::server_side_apply(None, &applied, &manager, force, &now, &rt)?;
+                    let obj = patch::server_side_apply(None, &applied, &manager, force, &now, &rt)?;
+                    let mut obj = convert::to_storage(&rt, obj);
                     strategy::prepare_create(&rt, &mut obj)?;
                     namespace_admission(txn, &rt, ctx.ns(), ctx.name())?;
                     admit_create(ctx, txn, &mut obj)?;
@@ -1138,10 +1139,7 @@ fn patch(
                     }
                     return Ok((txn.put(&k, obj), true));
                 };
-                let mut target = (*old).clone();
-                if at_version(&rt, &target).is_some() {
-                    target["apiVersion"] = json!(rt.api_version());
-                }
+                let mut target = at_version(&rt, &old).unwrap_or_else(|| (*old).clone());
                 let new = match ct.as_str() {
                     "application/merge-patch+json" => {
                         patch::merge_patch(&mut target, &patch_doc);
@@ -1207,6 +1205,7 @@ fn patch(
                     m.remove("resourceVersion");
                 }
                 check_type_meta(&rt, &mut new, false)?;
+                let new = convert::to_storage(&rt, new);
                 let stored = write_update(ctx, txn, &old, new, sub, dry_run, !apply)?;
                 Ok((stored, false))
             })?;
