@@ -206,7 +206,7 @@ impl CertAuthority {
                  signed by the key it names"
             ))
         })?;
-        let raw_subject = {
+        let (raw_subject, raw_spki) = {
             use x509_parser::prelude::FromDer as _;
             let der = first_pem_der(csr_pem, "CERTIFICATE REQUEST")?;
             let (_, parsed) =
@@ -214,7 +214,11 @@ impl CertAuthority {
                     .map_err(|e| {
                         TlsError::InvalidCsr(format!("could not parse the request: {e}"))
                     })?;
-            parsed.certification_request_info.subject.as_raw().to_vec()
+            let info = &parsed.certification_request_info;
+            (
+                info.subject.as_raw().to_vec(),
+                info.subject_pki.raw.to_vec(),
+            )
         };
         let (key_usages, extended) = client_usages(usages)?;
         if !request.params.subject_alt_names.is_empty() {
@@ -259,7 +263,7 @@ impl CertAuthority {
         let cert = signing.signed_by(&self.issuer)?;
         // rcgen keeps one value per attribute type; copy the requested subject verbatim so
         // every O (group) survives.
-        let der = with_subject(cert.der(), &raw_subject, &self.issuer)?;
+        let der = with_subject_and_key(cert.der(), &raw_subject, Some(&raw_spki), &self.issuer)?;
         Ok(pem_certificate(&der))
     }
 }
@@ -331,8 +335,20 @@ fn with_subject(
     subject: &[u8],
     issuer: &Issuer<'static, KeyPair>,
 ) -> Result<Vec<u8>, TlsError> {
-    // TBSCertificate: [0] version, serial, signature, issuer, validity, subject, ...
-    resign_with_subject(cert_der, subject, issuer.key(), |fields| {
+    with_subject_and_key(cert_der, subject, None, issuer)
+}
+
+/// Like [`with_subject`], also replacing the SubjectPublicKeyInfo (which follows the subject)
+/// with the verbatim one from a CSR: rcgen infers the key type from the CSR's signature
+/// algorithm, which is wrong for, e.g., a P-384 key signed with ecdsa-with-SHA256.
+fn with_subject_and_key(
+    cert_der: &[u8],
+    subject: &[u8],
+    spki: Option<&[u8]>,
+    issuer: &Issuer<'static, KeyPair>,
+) -> Result<Vec<u8>, TlsError> {
+    // TBSCertificate: [0] version, serial, signature, issuer, validity, subject, spki, ...
+    resign_with_subject(cert_der, subject, spki, issuer.key(), |fields| {
         if fields.first().is_some_and(|f| f.first() == Some(&0xa0)) {
             5
         } else {
@@ -347,6 +363,7 @@ fn with_subject(
 fn resign_with_subject(
     outer_der: &[u8],
     subject: &[u8],
+    spki: Option<&[u8]>,
     key: &KeyPair,
     subject_index: impl Fn(&[&[u8]]) -> usize,
 ) -> Result<Vec<u8>, TlsError> {
@@ -364,12 +381,17 @@ fn resign_with_subject(
         at += total;
     }
     let index = subject_index(&fields);
-    if fields.len() <= index {
+    if fields.len() <= index + usize::from(spki.is_some()) {
         return Err(malformed());
     }
     let mut new_info = Vec::new();
     for (i, field) in fields.iter().enumerate() {
-        new_info.extend_from_slice(if i == index { subject } else { field });
+        let replacement = match spki {
+            _ if i == index => subject,
+            Some(spki) if i == index + 1 => spki,
+            _ => field,
+        };
+        new_info.extend_from_slice(replacement);
     }
     let new_info = der(0x30, &new_info);
     // The algorithm is unchanged; the new signature covers the new content.
@@ -403,6 +425,7 @@ pub fn client_csr(
     let der = resign_with_subject(
         csr.der(),
         &subject_name(common_name, organizations),
+        None,
         &key,
         |_| 1,
     )?;
@@ -855,6 +878,78 @@ mod tests {
                 .verify_client_cert(&foreign, &[], rustls::pki_types::UnixTime::now())
                 .is_err()
         );
+    }
+
+    /// Requests made by OpenSSL (`openssl req -new -subj "/O=tenants/O=consumers/CN=cluster-b"`
+    /// with an RSA-2048 key, and `-subj "/O=g1/CN=u384"` with a P-384 key signed with
+    /// ecdsa-with-SHA256), as other tools send them.
+    const OPENSSL_RSA_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\n\
+MIICfzCCAWcCAQAwOjEQMA4GA1UECgwHdGVuYW50czESMBAGA1UECgwJY29uc3Vt\n\
+ZXJzMRIwEAYDVQQDDAljbHVzdGVyLWIwggEiMA0GCSqGSIb3DQEBAQUAA4IBDwAw\n\
+ggEKAoIBAQDDQk0lVKZSENISEkLf99RGds4ajwlCKPo2NGrCXX+lJEpqGjEe1b5V\n\
+Uct0RtBblJVTqsMQG82OvF1H+X4pbyaV8324yc2a+96izgI4eT25y41ID307xupB\n\
+k+hrrK4TciIh0f3ar9+v2/suIj0LbjshMs/mQ8q2WmSuY7vmyCcf2o1xGO3HbfAu\n\
+vM1Dv8fDem3A0vk68tsC1+jR+rX7iVSRxamZtOjMufpRrRJ3nzZbKRV6LvQehnwA\n\
+leZk0VM15I8uzEcIyEkQmIY+9+8adX+JwuUcq+mw9/S1r0c4eWA9LIEndv1e3Md/\n\
+so/93BvRfUmwgtmzDmWnkP9Vi27lQBUdAgMBAAGgADANBgkqhkiG9w0BAQsFAAOC\n\
+AQEAaJ9Q13Tzr3HWWBQwH0XmHB4rwyB6QeYMRkk5JV8pL1Q84HIv/jcfcrWMdl2w\n\
+JL2+sM0+KkEnUxVIQ3oIB1F4zT9sJyR4VGNmIPt5krYPZhi3GFIQURZbg3Ooi1ZG\n\
+NUyPqvRsDWiJ0qjYZiuWghuxtvYYdXEX2m8sKsXuakBt4wKpcAiVqhllltmOtvBh\n\
+RsV0G+jk0titgPpUiCObzYwvt3HQEain4GX/2tUto9VBKsujSYIrFVH3w5pHNG3C\n\
+4RX5McQbyupfiECsRBla6z/GwIOl5+5FndzWlkgD1k/so8nG201vQ4TlbqCgImbA\n\
+rCRIdm0LdGxJHSDde1/sNOS9dw==\n\
+-----END CERTIFICATE REQUEST-----\n";
+    const OPENSSL_P384_CSR: &str = "-----BEGIN CERTIFICATE REQUEST-----\n\
+MIIBFDCBmwIBADAcMQswCQYDVQQKDAJnMTENMAsGA1UEAwwEdTM4NDB2MBAGByqG\n\
+SM49AgEGBSuBBAAiA2IABM4zypnj+LVJ7TZf67VRmnFebeCurw2d1Tkhvx9Hrsih\n\
+mRdNLo+O4qOmZGUwVsGVk+p0ZnL6hnamVO8/NA6zbNacnaQGb4FEuunZmLw/2iil\n\
+BN/sR3VGI9V9UTGRRnfXHaAAMAoGCCqGSM49BAMCA2gAMGUCMQDU/0SWyA6SQjhV\n\
+xELotFCQQi0fcbKIzJ/soT/fQCw2eNM9SvBxBes/VPhGuQ+JQe0CMBToJAq4t+4M\n\
+g8PZcTu0Ww26LihTXj7Vx8Vg7/1SGjzyoPgOCNc39T5885GWGzJVog==\n\
+-----END CERTIFICATE REQUEST-----\n";
+
+    #[test]
+    fn csrs_from_other_tools_keep_their_subject_and_key() {
+        use x509_parser::prelude::FromDer as _;
+        let ca = CertAuthority::generate("c1").expect("ca");
+        let usages = vec!["client auth".to_owned(), "key encipherment".to_owned()];
+        let roots = {
+            let mut r = rustls::RootCertStore::empty();
+            r.add(ca.ca_der().clone()).expect("root");
+            Arc::new(r)
+        };
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(roots, crypto_provider())
+                .build()
+                .expect("verifier");
+        for (pem, cn, orgs) in [
+            (OPENSSL_RSA_CSR, "cluster-b", vec!["tenants", "consumers"]),
+            (OPENSSL_P384_CSR, "u384", vec!["g1"]),
+        ] {
+            let signed = ca.sign_csr(pem, &usages, Some(3600)).expect("signed");
+            let (got_cn, got_orgs, ..) = parse(&signed);
+            assert_eq!(
+                (got_cn.as_str(), got_orgs),
+                (cn, orgs.iter().map(|o| o.to_string()).collect())
+            );
+            let csr_der = first_pem_der(pem, "CERTIFICATE REQUEST").expect("csr");
+            let (_, csr) =
+                x509_parser::certification_request::X509CertificationRequest::from_der(&csr_der)
+                    .expect("csr");
+            let cert_der = first_pem_der(&signed, "CERTIFICATE").expect("der");
+            let (_, cert) = x509_parser::parse_x509_certificate(&cert_der).expect("cert");
+            assert_eq!(
+                cert.public_key().raw,
+                csr.certification_request_info.subject_pki.raw
+            );
+            verifier
+                .verify_client_cert(
+                    &CertificateDer::from(cert_der.clone()),
+                    &[],
+                    rustls::pki_types::UnixTime::now(),
+                )
+                .expect("chains to the CA");
+        }
     }
 
     #[test]
