@@ -489,7 +489,7 @@ async fn gc_ignores_cross_namespace_and_stale_uid_owners() {
     .await;
     assert!(in_a.get_opt("owner").await.expect("get").is_some());
     let events: Api<Event> = Api::namespaced(client.clone(), "b");
-    eventually("the OwnerRefInvalidNamespace warning", || async {
+    let warning = eventually("the OwnerRefInvalidNamespace warning", || async {
         events
             .list(&Default::default())
             .await
@@ -499,6 +499,17 @@ async fn gc_ignores_cross_namespace_and_stale_uid_owners() {
             .find(|e| e.reason.as_deref() == Some("OwnerRefInvalidNamespace"))
     })
     .await;
+    assert_eq!(warning.type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        warning.message,
+        Some(format!(
+            "ownerRef [v1/ConfigMap, namespace: b, name: owner, uid: {}] does not exist in \
+             namespace \"b\"",
+            owner.uid().expect("uid")
+        ))
+    );
+    assert_eq!(warning.involved_object.api_version.as_deref(), Some("v1"));
+    assert_eq!(warning.involved_object.name.as_deref(), Some("dep"));
 
     // Same name, different uid (the owner was re-created): not an owner any more.
     let mut stale = configmap("stale-dep", &[&owner], &[]);

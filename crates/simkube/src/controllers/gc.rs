@@ -365,8 +365,7 @@ impl Graph {
         };
         if owner_namespaced && node.key.namespace.is_none() {
             return Err(format!(
-                "ownerRef [{}/{}, namespace: , name: {}, uid: {}] does not exist in namespace \"\" \
-                 (a cluster-scoped object cannot be owned by a namespaced kind)",
+                "ownerRef [{}/{}, namespace: , name: {}, uid: {}] does not exist in namespace \"\"",
                 owner.api_version, owner.kind, owner.name, owner.uid
             ));
         }
@@ -381,14 +380,13 @@ impl Graph {
         let same_kind = found.key.group == owner.group() && found.key.kind == owner.kind;
         if same_kind && found.key.name == owner.name && found.key.namespace != expected_namespace {
             return Err(format!(
-                "ownerRef [{}/{}, namespace: {}, name: {}, uid: {}] does not exist in namespace \
-                 \"{}\"",
+                "ownerRef [{}/{}, namespace: {namespace}, name: {}, uid: {}] does not exist in \
+                 namespace \"{namespace}\"",
                 owner.api_version,
                 owner.kind,
-                found.key.namespace.as_deref().unwrap_or(""),
                 owner.name,
                 owner.uid,
-                node.key.namespace.as_deref().unwrap_or("")
+                namespace = node.key.namespace.as_deref().unwrap_or("")
             ));
         }
         if !same_kind || found.key.name != owner.name || found.key.namespace != expected_namespace {
@@ -771,7 +769,10 @@ async fn execute(
     } = action
     {
         if warned.insert((uid.clone(), owner.uid.clone())) {
-            record_warning(client, object, uid, message).await;
+            let api_version = watched
+                .get(&(object.group.clone(), object.kind.clone()))
+                .map(|w| w.resource.api.api_version.clone());
+            record_warning(client, object, api_version, uid, message).await;
         }
         return;
     }
@@ -885,7 +886,13 @@ fn json_patch_of(value: serde_json::Value) -> Result<json_patch::Patch, kube::Er
 
 /// Records the `OwnerRefInvalidNamespace` warning event on the dependent, as the real collector
 /// does. Best effort: an event that cannot be written is only logged.
-async fn record_warning(client: &Client, object: &ObjectKey, uid: &str, message: &str) {
+async fn record_warning(
+    client: &Client,
+    object: &ObjectKey,
+    api_version: Option<String>,
+    uid: &str,
+    message: &str,
+) {
     use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource, ObjectReference};
     let namespace = object
         .namespace
@@ -899,7 +906,7 @@ async fn record_warning(client: &Client, object: &ObjectKey, uid: &str, message:
             ..Default::default()
         },
         involved_object: ObjectReference {
-            api_version: None,
+            api_version,
             kind: Some(object.kind.clone()),
             name: Some(object.name.clone()),
             namespace: object.namespace.clone(),
@@ -1137,7 +1144,7 @@ mod tests {
         assert_eq!(actions.len(), 2, "{actions:?}");
         assert!(
             matches!(&actions[0], Action::InvalidOwnerReference { uid, message, .. }
-            if uid == "u-d" && message.contains("does not exist in namespace \"b\""))
+            if uid == "u-d" && message == "ownerRef [v1/ConfigMap, namespace: b, name: owner, uid: u-o] does not exist in namespace \"b\"")
         );
         assert!(matches!(&actions[1], Action::Delete { uid, .. } if uid == "u-d"));
     }
