@@ -828,7 +828,13 @@ async fn apply(
                 }),
                 ..DeleteParams::default()
             };
-            tracing::info!(kind = %obj.types.as_ref().map_or("", |t| t.kind.as_str()), %name, ?propagation, "garbage collector: deleting dependent");
+            // Per object, so debug: kube-controller-manager logs these at verbosity 2.
+            tracing::debug!(
+                kind = %obj.types.as_ref().map_or("", |t| t.kind.as_str()),
+                %name,
+                ?propagation,
+                "garbage collector: deleting dependent"
+            );
             api.delete(&name, &params).await?;
         }
         Action::RemoveOwnerReferences { owner_uids, .. } => {
