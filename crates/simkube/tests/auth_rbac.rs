@@ -3,6 +3,7 @@
 //! 403 elsewhere; client-certificate identities; requests without or with bad credentials;
 //! escalation prevention on RBAC writes; access reviews.
 
+use futures::StreamExt as _;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, Role, RoleBinding};
@@ -152,6 +153,36 @@ async fn service_account_token_is_confined_to_its_role() {
     assert_eq!(
         status.message,
         r#"namespaces is forbidden: User "system:serviceaccount:tenant-a:robot" cannot list resource "namespaces" in API group "" at the cluster scope"#
+    );
+    // Watch in its namespace, but not across all namespaces.
+    let mut events = own
+        .watch(&kube::api::WatchParams::default().timeout(1), "0")
+        .await
+        .expect("watch allowed")
+        .boxed();
+    let first = futures::StreamExt::next(&mut events)
+        .await
+        .expect("an event")
+        .expect("ok");
+    assert!(
+        matches!(first, kube::api::WatchEvent::Added(_)),
+        "{first:?}"
+    );
+    let everywhere: Api<ConfigMap> = Api::all(robot.clone());
+    let status = api_error(everywhere.list(&ListParams::default()).await);
+    assert_eq!(
+        status.message,
+        r#"configmaps is forbidden: User "system:serviceaccount:tenant-a:robot" cannot list resource "configmaps" in API group "" at the cluster scope"#
+    );
+    let status = api_error(
+        everywhere
+            .watch(&kube::api::WatchParams::default(), "0")
+            .await
+            .map(|_| ()),
+    );
+    assert_eq!(
+        status.message,
+        r#"configmaps is forbidden: User "system:serviceaccount:tenant-a:robot" cannot watch resource "configmaps" in API group "" at the cluster scope"#
     );
     // Discovery is open to every authenticated user (system:discovery).
     robot.apiserver_version().await.expect("version");
