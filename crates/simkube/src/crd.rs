@@ -2041,6 +2041,23 @@ mod tests {
         }
 
         #[test]
+        fn accepted_objects_are_stable_and_valid(spec in arb_json()) {
+            let rt = rt();
+            let mut spec = spec;
+            if let Some(m) = spec.as_object_mut() {
+                // The one required field, so that most generated objects are accepted.
+                m.insert("color".into(), json!("red"));
+            }
+            let mut obj = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}, "spec": spec});
+            if prune_default_validate(&rt, &mut obj).is_ok() {
+                // What the server stored passes again unchanged (a no-op write stays a no-op).
+                let mut again = obj.clone();
+                prop_assert!(prune_default_validate(&rt, &mut again).is_ok());
+                prop_assert_eq!(again, obj);
+            }
+        }
+
+        #[test]
         fn pruned_objects_only_keep_specified_fields(spec in arb_json()) {
             let s = schema();
             let mut obj = json!({"spec": spec});

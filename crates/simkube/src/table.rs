@@ -2857,6 +2857,82 @@ mod tests {
         );
     }
 
+    /// Arbitrary JSON biased to the fields the printers read, so odd shapes reach them.
+    fn arb_object() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        let key = prop_oneof![
+            Just("metadata"),
+            Just("spec"),
+            Just("status"),
+            Just("containers"),
+            Just("containerStatuses"),
+            Just("initContainerStatuses"),
+            Just("initContainers"),
+            Just("state"),
+            Just("waiting"),
+            Just("terminated"),
+            Just("reason"),
+            Just("ports"),
+            Just("port"),
+            Just("nodePort"),
+            Just("conditions"),
+            Just("type"),
+            Just("creationTimestamp"),
+            Just("deletionTimestamp"),
+            Just("labels"),
+            Just("selector"),
+            Just("matchExpressions"),
+            Just("values"),
+            Just("subsets"),
+            Just("addresses"),
+            Just("endpoints"),
+            Just("involvedObject"),
+            Just("series"),
+            Just("hard"),
+            Just("used"),
+            Just("replicas"),
+            Just("rules"),
+            Just("template"),
+            Just("data"),
+            Just("phase"),
+        ]
+        .prop_map(str::to_owned);
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            prop_oneof![
+                Just("2025-01-01T11:00:00Z".to_owned()),
+                Just("Always".to_owned()),
+                "[a-z]{0,3}"
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(5, 64, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(key.clone(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_printer_yields_one_cell_per_column_for_any_object(obj in arb_object()) {
+            let reg = Registry::with_builtins();
+            for rt in &reg.types {
+                let table = to_table_at(rt, std::slice::from_ref(&obj), IncludeObject::Metadata, json!({}), now());
+                let columns = table["columnDefinitions"].as_array().map_or(0, Vec::len);
+                let cells = table["rows"][0]["cells"].as_array().map_or(0, Vec::len);
+                proptest::prop_assert_eq!(columns, cells, "{}", rt.kind);
+            }
+        }
+    }
+
     #[test]
     fn jsonpath_subset() {
         let obj = json!({"a": {"b": [{"k": "x", "v": 1}, {"k": "y", "v": 2}], "c.d": "dot"}});
