@@ -607,6 +607,7 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "pods") => {
             default_pod_spec(&mut obj["spec"]);
+            default_pod_only(&mut obj["spec"]);
             if !obj["status"].is_object() {
                 obj["status"] = json!({});
             }
@@ -702,6 +703,7 @@ fn qos_class(spec: &Value) -> &'static str {
     if any { "Burstable" } else { "BestEffort" }
 }
 
+/// Defaults of every pod spec, including pod templates (`SetDefaults_PodSpec`).
 fn default_pod_spec(spec: &mut Value) {
     if !spec.is_object() {
         *spec = json!({});
@@ -711,13 +713,25 @@ fn default_pod_spec(spec: &mut Value) {
     set_default(spec, "schedulerName", json!("default-scheduler"));
     set_default(spec, "terminationGracePeriodSeconds", json!(30));
     set_default(spec, "securityContext", json!({}));
-    set_default(spec, "enableServiceLinks", json!(true));
-    set_default(spec, "priority", json!(0));
-    set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     if spec.get("serviceAccountName").is_some() {
         let sa = spec["serviceAccountName"].clone();
         set_default(spec, "serviceAccount", sa);
     }
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = spec[list].as_array_mut() {
+            for c in cs {
+                default_container(c);
+            }
+        }
+    }
+}
+
+/// What only Pods get, from pod defaulting and the admission plugins (Priority,
+/// DefaultTolerationSeconds); pod templates in workloads do not carry these.
+fn default_pod_only(spec: &mut Value) {
+    set_default(spec, "enableServiceLinks", json!(true));
+    set_default(spec, "priority", json!(0));
+    set_default(spec, "preemptionPolicy", json!("PreemptLowerPriority"));
     if !spec.get("tolerations").is_some_and(Value::is_array) {
         spec["tolerations"] = json!([]);
     }
@@ -730,13 +744,6 @@ fn default_pod_spec(spec: &mut Value) {
             .expect("invariant: set to an array above");
         if !tolerations.iter().any(|t| t["key"].as_str() == Some(taint)) {
             tolerations.push(json!({"key": taint, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
-        }
-    }
-    for list in ["containers", "initContainers"] {
-        if let Some(cs) = spec[list].as_array_mut() {
-            for c in cs {
-                default_container(c);
-            }
         }
     }
 }

@@ -266,6 +266,16 @@ async fn status_split_and_generation_rules() {
         Some(1),
         "defaulted replicas"
     );
+    let template = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .expect("template spec");
+    assert_eq!(template.restart_policy.as_deref(), Some("Always"));
+    assert!(
+        template.tolerations.is_none() && template.enable_service_links.is_none(),
+        "pod-only defaults stay off templates"
+    );
 
     // Main resource ignores status; labels do not bump generation.
     let p = json!({"metadata": {"labels": {"x": "y"}}, "status": {"replicas": 3}});
