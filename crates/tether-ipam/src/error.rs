@@ -40,11 +40,24 @@ pub enum IpamError {
         /// The pool it overlaps.
         second: Ipv4Net,
     },
-    /// A peer name that cannot identify a peer.
-    #[error("invalid peer name {peer:?}: use 1 to 253 characters without control characters")]
-    InvalidPeer {
+    /// A peer or owner name that cannot identify anything.
+    #[error("invalid {what} name {name:?}: use 1 to 253 characters without control characters")]
+    InvalidName {
+        /// `peer` or `owner`.
+        what: &'static str,
         /// The rejected name.
-        peer: String,
+        name: String,
+    },
+    /// An external IP was asked for before the external CIDR exists.
+    #[error("no external CIDR yet: allocate or claim it before handing out external IPs")]
+    NoExternalCidr,
+    /// Every usable address of the external CIDR is taken.
+    #[error(
+        "no free address left in the external CIDR {cidr}: release external IPs or use a larger CIDR"
+    )]
+    ExternalIpsExhausted {
+        /// The external CIDR.
+        cidr: Ipv4Net,
     },
     /// No free block of the requested size is left in any pool.
     #[error(
@@ -103,6 +116,22 @@ pub enum IpamError {
         first: String,
         /// What it overlaps.
         second: String,
+    },
+    /// A persisted external IP is not a usable address of the external CIDR.
+    #[error("persisted external IP {address} of {owner:?} is not a usable address of the external CIDR ({})", external.map_or("none".to_owned(), |c| c.to_string()))]
+    ExternalIpOutsideCidr {
+        /// Who held it.
+        owner: String,
+        /// The address.
+        address: std::net::Ipv4Addr,
+        /// The external CIDR of the persisted state, if any.
+        external: Option<Ipv4Net>,
+    },
+    /// An owner holds two external IPs in persisted state.
+    #[error("persisted state gives {owner:?} more than one external IP")]
+    DuplicateExternalIpOwner {
+        /// The owner.
+        owner: String,
     },
 }
 

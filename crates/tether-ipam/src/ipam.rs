@@ -46,6 +46,20 @@ pub struct IpamState {
     /// Peer mappings, sorted by peer and kind.
     #[serde(default)]
     pub mappings: Vec<Mapping>,
+    /// Addresses of the external CIDR handed out, sorted by owner.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external_ips: Vec<ExternalIp>,
+}
+
+/// An address of the cluster's external CIDR given to a local owner, for example a local
+/// non-pod address published to peers (the API server, an offloaded pod's placeholder).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalIp {
+    /// Who holds the address (a stable name chosen by the caller).
+    pub owner: String,
+    /// The address, inside the external CIDR.
+    pub address: Ipv4Addr,
 }
 
 /// The address manager of one cluster. Deterministic: the same calls in the same order give
@@ -55,6 +69,7 @@ pub struct Ipam {
     config: IpamConfig,
     external: Option<Ipv4Net>,
     mappings: BTreeMap<(String, CidrKind), Mapping>,
+    external_ips: BTreeMap<String, Ipv4Addr>,
 }
 
 impl fmt::Display for CidrKind {
@@ -119,6 +134,7 @@ impl Ipam {
             config,
             external: None,
             mappings: BTreeMap::new(),
+            external_ips: BTreeMap::new(),
         })
     }
 
@@ -174,7 +190,41 @@ impl Ipam {
             ipam.mappings.insert(key, mapping.clone());
         }
         ipam.external = state.external;
+        for external_ip in &state.external_ips {
+            ipam.restore_external_ip(external_ip)?;
+        }
         Ok(ipam)
+    }
+
+    fn restore_external_ip(&mut self, external_ip: &ExternalIp) -> Result<(), IpamError> {
+        let ExternalIp { owner, address } = external_ip;
+        validate_name("owner", owner)?;
+        if !self
+            .external
+            .is_some_and(|cidr| is_host_address(cidr, *address))
+        {
+            return Err(IpamError::ExternalIpOutsideCidr {
+                owner: owner.clone(),
+                address: *address,
+                external: self.external,
+            });
+        }
+        if let Some((other, _)) = self
+            .external_ips
+            .iter()
+            .find(|(_, taken)| *taken == address)
+        {
+            return Err(IpamError::RestoreConflict {
+                first: format!("external IP {address} of {owner:?}"),
+                second: format!("external IP {address} of {other:?}"),
+            });
+        }
+        if self.external_ips.insert(owner.clone(), *address).is_some() {
+            return Err(IpamError::DuplicateExternalIpOwner {
+                owner: owner.clone(),
+            });
+        }
+        Ok(())
     }
 
     /// The state to persist.
@@ -182,6 +232,7 @@ impl Ipam {
         IpamState {
             external: self.external,
             mappings: self.mappings.values().cloned().collect(),
+            external_ips: self.external_ips().collect(),
         }
     }
 
@@ -296,9 +347,54 @@ impl Ipam {
         self.external
     }
 
-    /// Releases the external CIDR; returns it.
+    /// Releases the external CIDR, and with it every external IP; returns the CIDR.
     pub fn release_external(&mut self) -> Option<Ipv4Net> {
+        self.external_ips.clear();
         self.external.take()
+    }
+
+    /// The address that stands for "somewhere in this cluster, not a pod" (host network,
+    /// NodePort sources): the first address of the external CIDR, never handed out.
+    pub fn unknown_source_ip(&self) -> Option<Ipv4Addr> {
+        self.external.map(|cidr| cidr.network())
+    }
+
+    /// Gives `owner` the lowest free address of the external CIDR (neither the network address,
+    /// which is the unknown-source IP, nor the broadcast address). Idempotent per owner.
+    pub fn allocate_external_ip(&mut self, owner: &str) -> Result<Ipv4Addr, IpamError> {
+        validate_name("owner", owner)?;
+        let cidr = self.external.ok_or(IpamError::NoExternalCidr)?;
+        if let Some(address) = self.external_ips.get(owner) {
+            return Ok(*address);
+        }
+        let used: std::collections::BTreeSet<Ipv4Addr> =
+            self.external_ips.values().copied().collect();
+        let first = u32::from(cidr.network()) + 1;
+        let last = u32::from(cidr.broadcast()) - 1;
+        let address = (first..=last)
+            .map(Ipv4Addr::from)
+            .find(|address| !used.contains(address))
+            .ok_or(IpamError::ExternalIpsExhausted { cidr })?;
+        self.external_ips.insert(owner.to_owned(), address);
+        Ok(address)
+    }
+
+    /// The external IP of `owner`, if it has one.
+    pub fn external_ip(&self, owner: &str) -> Option<Ipv4Addr> {
+        self.external_ips.get(owner).copied()
+    }
+
+    /// All external IPs, sorted by owner.
+    pub fn external_ips(&self) -> impl Iterator<Item = ExternalIp> + '_ {
+        self.external_ips.iter().map(|(owner, address)| ExternalIp {
+            owner: owner.clone(),
+            address: *address,
+        })
+    }
+
+    /// Releases the external IP of `owner`; returns it.
+    pub fn release_external_ip(&mut self, owner: &str) -> Option<Ipv4Addr> {
+        self.external_ips.remove(owner)
     }
 
     /// Everything no new allocation may overlap, except the mapping `skip` (being replaced).
@@ -341,11 +437,21 @@ impl Ipam {
 }
 
 fn validate_peer(peer: &str) -> Result<(), IpamError> {
-    if (1..=253).contains(&peer.len()) && !peer.chars().any(char::is_control) {
+    validate_name("peer", peer)
+}
+
+fn validate_name(what: &'static str, name: &str) -> Result<(), IpamError> {
+    if (1..=253).contains(&name.len()) && !name.chars().any(char::is_control) {
         Ok(())
     } else {
-        Err(IpamError::InvalidPeer {
-            peer: peer.to_owned(),
+        Err(IpamError::InvalidName {
+            what,
+            name: name.to_owned(),
         })
     }
+}
+
+/// Whether `address` is in `cidr` and is neither its network nor its broadcast address.
+fn is_host_address(cidr: Ipv4Net, address: Ipv4Addr) -> bool {
+    cidr.contains(&address) && address != cidr.network() && address != cidr.broadcast()
 }

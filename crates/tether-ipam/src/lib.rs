@@ -20,6 +20,10 @@
 //!  external CIDR /16 for this cluster ─────────────────────► 10.4.0.0/16
 //! ```
 //!
+//! Inside the external CIDR, [`Ipam::allocate_external_ip`] hands single addresses to local
+//! owners (addresses published to peers, see netplan's IP mappings); the first address is the
+//! unknown-source IP ([`Ipam::unknown_source_ip`]) and is never handed out.
+//!
 //! # Example
 //!
 //! ```
@@ -42,7 +46,8 @@
 //! # Invariants
 //!
 //! - No two live allocations (local views, identity mappings, the external CIDR) overlap, and
-//!   none overlaps a reserved CIDR.
+//!   none overlaps a reserved CIDR. External IPs are distinct usable addresses of the external
+//!   CIDR.
 //! - A remap has the prefix length of its real CIDR.
 //! - Same calls in the same order give the same results; releasing and mapping again gives the
 //!   same answer. A failed call changes nothing.
@@ -55,4 +60,4 @@ mod ipam;
 
 pub use config::{IpamConfig, MAX_PREFIX_LEN, MIN_PREFIX_LEN};
 pub use error::IpamError;
-pub use ipam::{CidrKind, Ipam, IpamState, Mapping};
+pub use ipam::{CidrKind, ExternalIp, Ipam, IpamState, Mapping};

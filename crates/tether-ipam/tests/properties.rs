@@ -29,6 +29,12 @@ enum Step {
         cidr: Ipv4Net,
     },
     ReleaseExternal,
+    ExternalIp {
+        owner: u8,
+    },
+    ReleaseIp {
+        owner: u8,
+    },
 }
 
 /// A network with `prefix_len` 22..=26 somewhere in 10.0.0.0/18, host bits cleared.
@@ -53,6 +59,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (22u8..=26).prop_map(|prefix_len| Step::AllocateExternal { prefix_len }),
         1 => small_net().prop_map(|cidr| Step::ClaimExternal { cidr }),
         1 => Just(Step::ReleaseExternal),
+        2 => (0u8..8).prop_map(|owner| Step::ExternalIp { owner }),
+        1 => (0u8..8).prop_map(|owner| Step::ReleaseIp { owner }),
     ]
 }
 
@@ -84,6 +92,12 @@ fn apply(ipam: &mut Ipam, step: &Step) -> String {
         }
         Step::ClaimExternal { cidr } => format!("{:?}", ipam.claim_external(*cidr)),
         Step::ReleaseExternal => format!("{:?}", ipam.release_external()),
+        Step::ExternalIp { owner } => {
+            format!("{:?}", ipam.allocate_external_ip(&format!("o{owner}")))
+        }
+        Step::ReleaseIp { owner } => {
+            format!("{:?}", ipam.release_external_ip(&format!("o{owner}")))
+        }
     }
 }
 
@@ -108,6 +122,25 @@ fn check_invariants(ipam: &Ipam) {
         for reserved in &ipam.config().reserved {
             assert!(!overlaps(*a, *reserved), "{a} overlaps reserved {reserved}");
         }
+    }
+    let ips: Vec<_> = ipam.external_ips().collect();
+    for (i, ip) in ips.iter().enumerate() {
+        let cidr = ipam.external().expect("external IPs need an external CIDR");
+        assert!(cidr.contains(&ip.address), "{ip:?} outside {cidr}");
+        assert_ne!(
+            ip.address,
+            cidr.network(),
+            "the unknown-source IP was handed out"
+        );
+        assert_ne!(
+            ip.address,
+            cidr.broadcast(),
+            "the broadcast address was handed out"
+        );
+        assert!(
+            ips[i + 1..].iter().all(|other| other.address != ip.address),
+            "{ip:?} twice"
+        );
     }
     for mapping in ipam.mappings() {
         assert_eq!(

@@ -4,7 +4,7 @@
 mod script;
 
 use expect_test::{Expect, expect};
-use tether_ipam::{CidrKind, Ipam, IpamConfig, IpamState, Mapping};
+use tether_ipam::{CidrKind, ExternalIp, Ipam, IpamConfig, IpamState, Mapping};
 
 fn check(script: &str, expect: Expect) {
     expect.assert_eq(&script::run(script));
@@ -167,6 +167,43 @@ fn external_cidr_is_claimed_or_allocated_once() {
 }
 
 #[test]
+fn external_ips_are_handed_out_lowest_first_inside_the_external_cidr() {
+    check(
+        "
+        reserved 10.0.0.0/16
+        external-ip api-server
+        claim-external 10.70.0.0/30
+        unknown-source
+        external-ip api-server
+        external-ip proxy
+        external-ip api-server
+        external-ip third
+        release-ip api-server
+        external-ip third
+        state
+        restore
+        release-external
+        state
+        ",
+        expect![[r#"
+            external-ip api-server: error: no external CIDR yet: allocate or claim it before handing out external IPs
+            claim-external 10.70.0.0/30: 10.70.0.0/30
+            unknown-source: Some(10.70.0.0)
+            external-ip api-server: 10.70.0.1
+            external-ip proxy: 10.70.0.2
+            external-ip api-server: 10.70.0.1
+            external-ip third: error: no free address left in the external CIDR 10.70.0.0/30: release external IPs or use a larger CIDR
+            release-ip api-server: released Some(10.70.0.1)
+            external-ip third: 10.70.0.1
+            state: [external 10.70.0.0/30; ip proxy 10.70.0.2; ip third 10.70.0.1]
+            restore: restored, identical: true
+            release-external: released Some(10.70.0.0/30)
+            state: []
+        "#]],
+    );
+}
+
+#[test]
 fn invalid_input_is_rejected_naming_the_input() {
     check(
         "
@@ -258,10 +295,12 @@ fn restore_rejects_overlapping_or_malformed_state() {
                 mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.1.0.0/16"),
                 mapping("c", CidrKind::Pod, "10.0.0.0/16", "10.1.0.0/16"),
             ],
+            ..IpamState::default()
         },
         IpamState {
             external: None,
             mappings: vec![mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.0.0.0/16")],
+            ..IpamState::default()
         },
         IpamState {
             external: Some(script::net("10.1.0.0/16")),
@@ -271,10 +310,12 @@ fn restore_rejects_overlapping_or_malformed_state() {
                 "10.70.0.0/16",
                 "10.1.0.0/16",
             )],
+            ..IpamState::default()
         },
         IpamState {
             external: None,
             mappings: vec![mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.1.0.0/24")],
+            ..IpamState::default()
         },
         IpamState {
             external: None,
@@ -282,10 +323,42 @@ fn restore_rejects_overlapping_or_malformed_state() {
                 mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.1.0.0/16"),
                 mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.2.0.0/16"),
             ],
+            ..IpamState::default()
         },
         IpamState {
             external: None,
             mappings: vec![mapping("b", CidrKind::Pod, "10.0.0.0/16", "10.1.0.1/16")],
+            ..IpamState::default()
+        },
+        IpamState {
+            external: Some(script::net("10.70.0.0/16")),
+            external_ips: vec![
+                ExternalIp {
+                    owner: "api".to_owned(),
+                    address: "10.70.0.1".parse().unwrap(),
+                },
+                ExternalIp {
+                    owner: "proxy".to_owned(),
+                    address: "10.70.0.1".parse().unwrap(),
+                },
+            ],
+            ..IpamState::default()
+        },
+        IpamState {
+            external: Some(script::net("10.70.0.0/16")),
+            external_ips: vec![ExternalIp {
+                owner: "api".to_owned(),
+                address: "10.70.0.0".parse().unwrap(),
+            }],
+            ..IpamState::default()
+        },
+        IpamState {
+            external: None,
+            external_ips: vec![ExternalIp {
+                owner: "api".to_owned(),
+                address: "10.70.0.1".parse().unwrap(),
+            }],
+            ..IpamState::default()
         },
     ];
     let transcript: String = cases
@@ -299,6 +372,9 @@ fn restore_rejects_overlapping_or_malformed_state() {
         persisted pod mapping of peer "b" maps 10.0.0.0/16 to 10.1.0.0/24: prefix lengths differ
         persisted state maps the pod CIDR of peer "b" twice
         persisted pod mapping of peer "b" local view 10.1.0.1/16 has host bits set: did you mean 10.1.0.0/16?
+        persisted state conflicts: external IP 10.70.0.1 of "proxy" overlaps external IP 10.70.0.1 of "api"
+        persisted external IP 10.70.0.0 of "api" is not a usable address of the external CIDR (10.70.0.0/16)
+        persisted external IP 10.70.0.1 of "api" is not a usable address of the external CIDR (none)
     "#]].assert_eq(&transcript);
 }
 

@@ -1,6 +1,7 @@
 //! A tiny command language for IPAM tests, so allocation sequences read as data:
 //! `pools`, `reserved`, `map <peer> <pod|external> <cidr>`, `external <len>`,
-//! `claim-external <cidr>`, `release <peer> [kind]`, `release-external`, `state`, `restore`.
+//! `claim-external <cidr>`, `external-ip <owner>`, `release-ip <owner>`, `unknown-source`,
+//! `release <peer> [kind]`, `release-external`, `state`, `restore`.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -67,6 +68,9 @@ pub fn run(script: &str) -> String {
                 "released {}",
                 ipam.release(peer, kind(k)).map_or(0, |_| 1)
             )),
+            ["external-ip", owner] => ipam.allocate_external_ip(owner).map(|a| a.to_string()),
+            ["release-ip", owner] => Ok(format!("released {:?}", ipam.release_external_ip(owner))),
+            ["unknown-source"] => Ok(format!("{:?}", ipam.unknown_source_ip())),
             ["release-external"] => Ok(format!("released {:?}", ipam.release_external())),
             ["state"] => Ok(format_state(&ipam.state())),
             ["restore"] => {
@@ -90,6 +94,9 @@ fn format_state(state: &IpamState) -> String {
     let mut parts: Vec<String> = state.mappings.iter().map(ToString::to_string).collect();
     if let Some(external) = state.external {
         parts.push(format!("external {external}"));
+    }
+    for ip in &state.external_ips {
+        parts.push(format!("ip {} {}", ip.owner, ip.address));
     }
     format!("[{}]", parts.join("; "))
 }
