@@ -1,6 +1,7 @@
-//! Pod `log` and `exec` forwarding to the kubelet that runs the pod, the way kube-apiserver does
-//! it, so that a virtual kubelet (or any node agent serving the kubelet API) gets real
-//! `kubectl logs`/`kubectl exec` and kube-rs `Api::<Pod>::logs`/`exec` traffic.
+//! Pod `log`, `exec`, `attach` and `portforward` forwarding to the kubelet that runs the pod,
+//! the way kube-apiserver does it, so that a virtual kubelet (or any node agent serving the
+//! kubelet API) gets real `kubectl logs`/`kubectl exec` and kube-rs `Api::<Pod>::logs`/`exec`
+//! traffic.
 //!
 //! The server reads the pod's `spec.nodeName`, then that Node's `status.addresses` and
 //! `status.daemonEndpoints.kubeletEndpoint.Port` (10250 when unset), and calls the kubelet API
@@ -22,6 +23,15 @@
 //! kube-apiserver's default when `--kubelet-certificate-authority` is unset. Node addresses are
 //! tried in the order InternalIP, ExternalIP, Hostname, InternalDNS, ExternalDNS (kubeadm's
 //! `--kubelet-preferred-address-types`).
+//!
+//! Errors read as kube-apiserver's: logs of a pod not bound to a node are an empty 200, while
+//! exec/attach/portforward answer 400 `pod <name> does not have a host assigned`; a missing Node
+//! is 404 `nodes "<name>" not found`; an unreachable kubelet is 500 with the dial error
+//! (`... dial tcp <addr>: connect: connection refused`); kubelet HTTP errors keep their code.
+//!
+//! A cluster installs [`pod_proxy`] with [`KubeletClient::default`]; to verify kubelets or
+//! present a client certificate, install one built from a [`KubeletClientConfig`] in
+//! `ServerState::pod_proxy`.
 //!
 //! Not forwarded: SPDY (kubectl only falls back to it when the WebSocket upgrade fails; it gets
 //! a clear error). kubectl 1.31+ `port-forward` tunnels SPDY inside WebSocket
