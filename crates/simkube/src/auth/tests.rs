@@ -1833,3 +1833,110 @@ fn websocket_exec_needs_create_as_well_as_get() {
     // The review API reports the single check asked about.
     assert!(decide(&rbac, &attrs(&peeker, "get", "", "pods/exec", "ns", "p")).allowed);
 }
+
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn pick(options: &'static [&'static str]) -> impl Strategy<Value = Vec<String>> {
+        proptest::sample::subsequence(options, 1..=options.len().min(2))
+            .prop_map(|v| v.into_iter().map(str::to_owned).collect())
+    }
+
+    fn rule() -> impl Strategy<Value = PolicyRule> {
+        let resource_rule = (
+            pick(&["get", "list", "create", "*"]),
+            pick(&["", "apps", "*"]),
+            pick(&[
+                "pods",
+                "pods/log",
+                "deployments",
+                "deployments/scale",
+                "*/scale",
+                "*",
+            ]),
+            prop_oneof![Just(Vec::new()), pick(&["a", "b"])],
+        )
+            .prop_map(
+                |(verbs, api_groups, resources, resource_names)| PolicyRule {
+                    verbs,
+                    api_groups,
+                    resources,
+                    resource_names,
+                    ..PolicyRule::default()
+                },
+            );
+        let url_rule = (
+            pick(&["get", "post", "*"]),
+            pick(&["/healthz", "/logs/*", "/logs/x", "*"]),
+        )
+            .prop_map(|(verbs, non_resource_urls)| PolicyRule {
+                verbs,
+                non_resource_urls,
+                ..PolicyRule::default()
+            });
+        prop_oneof![3 => resource_rule, 1 => url_rule]
+    }
+
+    /// Every request in the small vocabulary the rules above talk about.
+    fn requests() -> Vec<RequestAttributes> {
+        let u = UserInfo::authenticated("u", &[]);
+        let mut out = Vec::new();
+        for verb in ["get", "list", "create", "delete"] {
+            for group in ["", "apps", "batch"] {
+                for resource in [
+                    "pods",
+                    "pods/log",
+                    "deployments",
+                    "deployments/scale",
+                    "jobs/scale",
+                ] {
+                    for name in ["", "a", "b", "c"] {
+                        out.push(attrs(&u, verb, group, resource, "ns", name));
+                    }
+                }
+            }
+            for path in ["/healthz", "/logs/x", "/logs/y", "/other"] {
+                out.push(url(&u, verb, path));
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Escalation checks are sound: whatever `covers` says the owner holds, the owner's
+        /// rules really allow every request the granted rule allows.
+        #[test]
+        fn covered_rules_grant_nothing_new(owner in proptest::collection::vec(rule(), 1..4), wanted in rule()) {
+            let (covered, _) = covers(&owner, std::slice::from_ref(&wanted));
+            if covered {
+                for request in requests() {
+                    if wanted.allows(&request) {
+                        prop_assert!(
+                            owner.iter().any(|o| o.allows(&request)),
+                            "{wanted:?} allows {request:?} but {owner:?} does not"
+                        );
+                    }
+                }
+            }
+        }
+
+        /// A rule and its breakdown into single-verb, single-resource rules allow the same.
+        #[test]
+        fn breakdown_preserves_meaning(r in rule()) {
+            let parts = breakdown_rule(&r);
+            for request in requests() {
+                prop_assert_eq!(r.allows(&request), parts.iter().any(|p| p.allows(&request)), "{:?}", request);
+            }
+        }
+
+        /// A rule always covers itself, so anyone may grant exactly what they hold.
+        #[test]
+        fn rules_cover_themselves(r in rule()) {
+            prop_assert!(covers(std::slice::from_ref(&r), std::slice::from_ref(&r)).0);
+        }
+    }
+}
