@@ -571,3 +571,63 @@ async fn crd_versions_are_addressable_and_the_preferred_one_is_the_default() {
         .await;
     assert_eq!(out, "example.com/v1beta1/red");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kubectl_uses_aggregated_discovery_and_the_openapi_it_is_offered() {
+    if !kubectl_available() {
+        return;
+    }
+    let c = cluster("kubectl-requests").await;
+    let k = Kubectl::new(&c);
+    k.ok(&["version"]).await;
+    c.clear_requests();
+    k.ok(&["get", "cm"]).await;
+    let paths: Vec<String> = c
+        .requests()
+        .iter()
+        .map(|r| format!("{} {} {}", r.method, r.path, r.code))
+        .collect();
+    // Cold cache, aggregated discovery: two discovery requests, then the list.
+    assert_eq!(
+        paths,
+        [
+            "GET /api 200",
+            "GET /apis 200",
+            "GET /api/v1/namespaces/default/configmaps 200"
+        ],
+        "{paths:#?}"
+    );
+
+    c.clear_requests();
+    let cm = k.file(
+        "cm.yaml",
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {a: '1'}\n",
+    );
+    k.ok(&["apply", "-f", &cm]).await;
+    let records = c.requests();
+    let openapi: Vec<(String, String)> = records
+        .iter()
+        .filter(|r| r.path.starts_with("/openapi"))
+        .map(|r| (r.path.clone(), r.query.clone()))
+        .collect();
+    assert_eq!(openapi[0].0, "/openapi/v3");
+    assert!(
+        openapi
+            .iter()
+            .any(|(p, q)| p == "/openapi/v3/api/v1" && q.starts_with("hash=")),
+        "{openapi:?}"
+    );
+    assert!(
+        !records.iter().any(|r| r.path == "/openapi/v2"),
+        "v3 suffices: {openapi:?}"
+    );
+    let create = records
+        .iter()
+        .find(|r| r.method == "POST")
+        .expect("create request");
+    assert!(
+        create.query.contains("fieldValidation=Strict"),
+        "server-side validation chosen: {}",
+        create.query
+    );
+}
