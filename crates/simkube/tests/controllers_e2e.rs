@@ -469,6 +469,60 @@ async fn gc_orphan_keeps_dependents_without_owner_references() {
 }
 
 #[tokio::test]
+async fn kubectl_cascade_foreground_and_orphan() {
+    let (cluster, client) = start(Controllers::all(), true).await;
+    let maps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for prefix in ["fg", "or"] {
+        let owner = maps
+            .create(
+                &PostParams::default(),
+                &configmap(&format!("{prefix}-owner"), &[], &[]),
+            )
+            .await
+            .expect("owner");
+        maps.create(
+            &PostParams::default(),
+            &configmap(&format!("{prefix}-dep"), &[&owner], &[]),
+        )
+        .await
+        .expect("dependent");
+    }
+    // kubectl waits for the owner to disappear, which in the foreground happens only after
+    // its dependent is gone.
+    let Some(out) = kubectl(
+        &cluster,
+        &[
+            "delete",
+            "configmap",
+            "fg-owner",
+            "--cascade=foreground",
+            "--timeout=30s",
+        ],
+    )
+    .await
+    else {
+        return;
+    };
+    assert_eq!(out.trim(), "configmap \"fg-owner\" deleted");
+    assert!(maps.get_opt("fg-dep").await.expect("get").is_none());
+
+    kubectl(
+        &cluster,
+        &[
+            "delete",
+            "configmap",
+            "or-owner",
+            "--cascade=orphan",
+            "--timeout=30s",
+        ],
+    )
+    .await
+    .expect("kubectl is present");
+    let orphan = maps.get("or-dep").await.expect("the orphan stays");
+    assert!(orphan.owner_references().is_empty());
+}
+
+#[tokio::test]
 async fn gc_ignores_cross_namespace_and_stale_uid_owners() {
     let (_cluster, client) = cluster(Controllers::all()).await;
     create_namespace(&client, "a").await;
