@@ -84,12 +84,15 @@ fn overlapping_clusters_reach_each_other_through_their_own_remaps() {
     // The stand-in tunnel. A real tunnel has no link layer; on veth the far gateway must answer
     // ARP for the peer pods it routes elsewhere.
     veth_pair(a.gateway(), "tether-b", b.gateway(), "tether-a", 1420).unwrap();
-    a.gateway()
-        .set_sysctl("net/ipv4/conf/tether-b/proxy_arp", "1")
-        .unwrap();
-    b.gateway()
-        .set_sysctl("net/ipv4/conf/tether-a/proxy_arp", "1")
-        .unwrap();
+    for (gateway, stand_in) in [(a.gateway(), "tether-b"), (b.gateway(), "tether-a")] {
+        gateway
+            .set_sysctl(&format!("net/ipv4/conf/{stand_in}/proxy_arp"), "1")
+            .unwrap();
+        // Proxy ARP answers after a random delay of up to 0.8 s by default; a tunnel has none.
+        gateway
+            .set_sysctl(&format!("net/ipv4/neigh/{stand_in}/proxy_delay"), "0")
+            .unwrap();
+    }
 
     // A sees B as 10.71/16, B sees A as 10.72/16; each gateway applies only its own choice.
     program(
