@@ -483,6 +483,19 @@ fn crd_causes(crd: &Value) -> Vec<Cause> {
             }
         }
     }
+    let protected = ["k8s.io", "kubernetes.io"]
+        .iter()
+        .any(|g| group == *g || group.ends_with(&format!(".{g}")));
+    let approval = crd
+        .pointer("/metadata/annotations/api-approved.kubernetes.io")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    if protected && approval.is_empty() {
+        causes.push(required_because(
+            "metadata.annotations[api-approved.kubernetes.io]",
+            "protected groups must have approval annotation \"api-approved.kubernetes.io\", see https://github.com/kubernetes/enhancements/pull/1111",
+        ));
+    }
     if crd
         .pointer("/spec/preserveUnknownFields")
         .and_then(Value::as_bool)
@@ -1769,6 +1782,10 @@ mod tests {
             }),
             crd_error(|c| c["spec"]["preserveUnknownFields"] = json!(true)),
             crd_error(|c| {
+                c["spec"]["group"] = json!("tether.k8s.io");
+                c["metadata"]["name"] = json!("widgets.tether.k8s.io");
+            }),
+            crd_error(|c| {
                 c["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
                     ["ports"] = json!({"type": "array", "x-kubernetes-list-type": "map",
                         "x-kubernetes-list-map-keys": ["name", "port"],
@@ -1803,6 +1820,7 @@ mod tests {
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].additionalPrinterColumns[0].type: Unsupported value: "map": supported values: "boolean", "date", "integer", "number", "string"
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[replicas].default: Invalid value: "string": spec.replicas in body must be of type integer: "string"
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.preserveUnknownFields: Invalid value: true: cannot set to true, set x-kubernetes-preserve-unknown-fields to true in spec.versions[*].schema instead
+            CustomResourceDefinition.apiextensions.k8s.io "widgets.tether.k8s.io" is invalid: metadata.annotations[api-approved.kubernetes.io]: Required value: protected groups must have approval annotation "api-approved.kubernetes.io", see https://github.com/kubernetes/enhancements/pull/1111
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[ports].items.properties[name].default: Required value: this property is in x-kubernetes-list-map-keys, so it must have a default or be a required property
             CustomResourceDefinition.apiextensions.k8s.io "widgets.example.com" is invalid: spec.versions[0].schema.openAPIV3Schema.properties[spec].properties[tags].items.type: Invalid value: "object": must be a scalar type if parent array's x-kubernetes-list-type is `set`
             valid"#]]
