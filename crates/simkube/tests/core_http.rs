@@ -531,3 +531,32 @@ async fn restart_keeps_or_loses_state_on_the_same_port() {
     );
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_headers_arrive_before_any_event() {
+    let c = Cluster::builder().start().await.expect("start");
+    let mut tcp = tokio::net::TcpStream::connect(c.addr())
+        .await
+        .expect("connect");
+    let req = format!(
+        "GET /api/v1/namespaces/default/configmaps?watch=true&resourceVersion={} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+        c.state().store.current_rv(),
+        c.admin_token()
+    );
+    tcp.write_all(req.as_bytes()).await.expect("write");
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = tokio::time::timeout(Duration::from_secs(2), async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = tcp.read(&mut buf).await.expect("read");
+            assert!(n > 0, "connection closed early");
+            head.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "no headers while the watch is idle");
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200"), "{text}");
+    assert!(text.contains("transfer-encoding: chunked"), "{text}");
+    c.shutdown().await;
+}
