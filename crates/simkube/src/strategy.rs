@@ -285,6 +285,22 @@ pub fn prepare_update(
         ));
     }
     let old_meta = old["metadata"].as_object().cloned().unwrap_or_default();
+    // An empty uid means "the stored one"; a different one is an immutable-field error.
+    if let Some(uid) = new["metadata"]["uid"].as_str()
+        && !uid.is_empty()
+        && Some(uid) != old_meta.get("uid").and_then(Value::as_str)
+    {
+        return Err(ApiError::invalid(
+            &rt.group,
+            &rt.kind,
+            name_of(old),
+            &[invalid_value(
+                "metadata.uid",
+                &json!(uid),
+                "field is immutable",
+            )],
+        ));
+    }
     if subresource == Some("status") {
         // Only status (and managedFields, which track the status write) come from the request.
         let status = new.get("status").cloned();
@@ -945,6 +961,25 @@ mod tests {
         assert_eq!(status["spec"]["replicas"], 1);
         assert_eq!(status["status"]["replicas"], 1);
         assert_eq!(status["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn uid_is_immutable_but_may_be_omitted() {
+        let cm = rt("", "configmaps", "ConfigMap", false);
+        let mut old = json!({"metadata": {"name": "a"}});
+        prepare_create(&cm, &mut old).expect("valid");
+        let mut omitted = json!({"metadata": {"name": "a"}, "data": {"k": "v"}});
+        prepare_update(&cm, &old, &mut omitted, None).expect("uid filled in");
+        assert_eq!(omitted["metadata"]["uid"], old["metadata"]["uid"]);
+        let mut changed = json!({"metadata": {"name": "a", "uid": "other"}});
+        let err = prepare_update(&cm, &old, &mut changed, None).expect_err("immutable");
+        assert_eq!(err.code, 422);
+        assert!(
+            err.message
+                .contains("metadata.uid: Invalid value: \"other\": field is immutable"),
+            "{}",
+            err.message
+        );
     }
 
     #[test]
