@@ -14,6 +14,7 @@ pub mod controllers;
 pub mod crd;
 pub mod discovery;
 pub mod error;
+pub mod fuzzing;
 pub mod http;
 pub mod kubelet_proxy;
 pub mod patch;
