@@ -778,4 +778,50 @@ mod tests {
         assert_eq!(ev.kind, EventType::Added);
         assert!(ev.rv > w.rv);
     }
+
+    proptest::proptest! {
+        /// Any RV still in history lists exactly what a model of the writes held at that RV,
+        /// and a watch from it replays exactly the later writes.
+        #[test]
+        fn list_and_watch_at_any_retained_rv_match_a_model(
+            ops in proptest::collection::vec((0u8..3, 0u8..6, 0u8..4), 1..60),
+            history in 1usize..40,
+        ) {
+            let s = Store::new(StoreConfig { history, ..Default::default() });
+            let k = key();
+            let mut model: BTreeMap<String, String> = BTreeMap::new();
+            let mut snapshots: Vec<(u64, BTreeMap<String, String>)> = vec![(0, BTreeMap::new())];
+            for (op, name, val) in ops {
+                let name = format!("o{name}");
+                let changed = s.transact(|t| match op {
+                    0 | 1 => {
+                        let before = t.rv();
+                        t.put(&k, cm("d", &name, &val.to_string()));
+                        t.rv() != before
+                    }
+                    _ => t.remove(&k, "d", &name).is_some(),
+                });
+                if changed {
+                    if op < 2 { model.insert(name, val.to_string()); } else { model.remove(&name); }
+                    snapshots.push((s.current_rv(), model.clone()));
+                }
+            }
+            for (rv, want) in &snapshots {
+                match s.list(&k, Some("d"), Some(*rv), None, 0, &all) {
+                    Ok(page) => {
+                        let got: BTreeMap<String, String> = page
+                            .items
+                            .iter()
+                            .map(|o| (obj_key(o).1, o["data"]["k"].as_str().unwrap_or_default().to_owned()))
+                            .collect();
+                        proptest::prop_assert_eq!(&got, want, "list at {}", rv);
+                        let w = s.watch(&k, Some(*rv)).expect("retained for lists is retained for watches");
+                        let later = snapshots.iter().filter(|(r, _)| r > rv).count();
+                        proptest::prop_assert_eq!(w.replay.len(), later);
+                    }
+                    Err(e) => proptest::prop_assert!(e.requested < e.oldest),
+                }
+            }
+        }
+    }
 }
