@@ -10,6 +10,7 @@
 pub mod csr;
 pub mod gc;
 pub mod namespace;
+pub mod scheduler;
 pub mod service_accounts;
 
 use std::sync::Arc;
@@ -38,6 +39,8 @@ pub struct Controllers {
     /// Signs approved CSRs for the `kubernetes.io/kube-apiserver-client` and
     /// `kubernetes.io/kube-apiserver-client-kubelet` signers (needs the cluster CA).
     pub csr_signer: bool,
+    /// Binds pending pods to nodes (filters, least-allocated scoring, `FailedScheduling`).
+    pub scheduler: bool,
 }
 
 impl Controllers {
@@ -48,6 +51,7 @@ impl Controllers {
             garbage_collector: true,
             service_accounts: true,
             csr_signer: true,
+            scheduler: true,
         }
     }
 
@@ -58,7 +62,11 @@ impl Controllers {
 
     /// Whether any controller is on.
     pub fn any(&self) -> bool {
-        self.namespace || self.garbage_collector || self.service_accounts || self.csr_signer
+        self.namespace
+            || self.garbage_collector
+            || self.service_accounts
+            || self.csr_signer
+            || self.scheduler
     }
 }
 
@@ -74,6 +82,12 @@ pub fn spawn(
     shutdown: CancellationToken,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = Vec::new();
+    if controllers.scheduler {
+        tasks.push(tokio::spawn(scheduler::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+    }
     if controllers.namespace {
         tasks.push(tokio::spawn(namespace::run(
             client.clone(),
