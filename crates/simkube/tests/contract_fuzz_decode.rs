@@ -10,7 +10,7 @@ use simkube::fuzzing::{RawRequest, decode_request};
 use tower::ServiceExt as _;
 
 fn corpus() -> Vec<(String, Vec<u8>)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/corpus/decode_request");
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/decode_request");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("the seed corpus is checked in")
         .map(|e| {
