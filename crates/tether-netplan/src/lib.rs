@@ -16,6 +16,7 @@
 //!   prerouting/mangle: daddr ∈ B's local views → mark 0x7700, ct mark 0x7700
 //!   prerouting/dstnat: mark 0x7700, daddr 10.71/16 → dnat prefix → 10.0/16 (B's real CIDR)
 //!   routing:           fwmark 0x7700/0xffff → table 7700: 10.0.0.0/16 dev tether-b
+//!                      (else `unreachable default`: never the main table, see below)
 //!   forward:           clamp TCP MSS (SYN and SYN/ACK) to MTU − 40
 //!                                   ════ tunnel carries 10.0.1.2 → 10.0.1.2 (both real) ════►
 //!
@@ -41,6 +42,17 @@
 //! the peer's marked table routes) and loose on pod interfaces; the per-peer source guard is the
 //! anti-spoofing check, and a stricter one.
 //!
+//! Every peer table ends in `unreachable default … metric 4294967295`. When the tunnel device
+//! is missing (a restarting gateway, a deleted link) the kernel drops its device routes while
+//! our rule and nftables table stay; without the catch-all the marked lookup would find nothing,
+//! policy routing would continue to the main table, and a packet already translated to the
+//! peer's real CIDR — possibly equal to our own — would be delivered to a local pod. An
+//! unreachable route ends the lookup with an error (a rule falls through only when its table
+//! yields no route at all), so the packet is dropped and the sender gets ICMP host unreachable.
+//! The ICMP error quotes the packet as translated (its conntrack entry is never confirmed), so
+//! for a remapped peer it names the peer's real address: unconnected sockets with `IP_RECVERR`
+//! see it, a socket connected to the local view does not and times out as with a blackhole.
+//!
 //! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
 //! pod CIDR, and a mark would send them straight back into the tunnel.
 //!
@@ -62,11 +74,14 @@
 //!     ..GatewayInput::default()
 //! };
 //! let desired = plan(&input)?;
-//! assert_eq!(desired.routes[0].to_string(), "10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700");
+//! // The catch-all that keeps the lookup in table 7700 when the tunnel is gone (sorted first:
+//! // it has the shortest prefix), then the tunnel route.
+//! assert_eq!(desired.routes[0].to_string(), "unreachable default table 7700 metric 4294967295");
+//! assert_eq!(desired.routes[1].to_string(), "10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700");
 //! assert_eq!(desired.rules[0].to_string(), "pref 7700 fwmark 0x7700/0xffff lookup 7700");
 //! // Against an empty kernel everything is added; `render()` is the `nft -f -` script.
 //! let ops = diff(&desired, &Observed::default());
-//! assert_eq!(ops.len(), desired.sysctls.len() + 1 + 1 + 1 + 1);
+//! assert_eq!(ops.len(), desired.sysctls.len() + 1 + 2 + 1 + 1);
 //! assert!(desired.nft.render().contains("dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 }"));
 //! # Ok::<(), tether_netplan::PlanError>(())
 //! ```
@@ -97,4 +112,4 @@ pub use nft::{
     Chain, ChainKind, FINGERPRINT_COMMENT_PREFIX, Hook, NftRule, Priority, Ruleset,
     fingerprint_from_comment,
 };
-pub use plan::{Address, Plan, Route, Rule, Sysctl, plan};
+pub use plan::{Address, CATCH_ALL_METRIC, Plan, Route, RouteKind, Rule, Sysctl, plan};

@@ -49,18 +49,56 @@ pub struct Address {
     pub addr: Ipv4Net,
 }
 
-/// A unicast route through an interface (`ip route add <dst> dev <dev> [src <src>] table <t>`).
+/// A route in one of our tables: `ip route add [<kind>] <dst> [dev <dev>] [src <src>] table <t>
+/// [metric <m>]`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Route {
     /// Route table.
     pub table: u32,
     /// Destination network.
     pub dst: Ipv4Net,
-    /// Output interface.
-    pub dev: String,
-    /// Preferred source for locally generated packets.
+    /// What the route does with a matching packet.
+    #[serde(default)]
+    pub kind: RouteKind,
+    /// Output interface: `Some` exactly for [`RouteKind::Unicast`].
+    pub dev: Option<String>,
+    /// Preferred source for locally generated packets (unicast only).
     pub src: Option<Ipv4Addr>,
+    /// Route priority (`metric`); 0 is the kernel's default and the most preferred.
+    #[serde(default)]
+    pub metric: u32,
 }
+
+/// The kernel route type (`RTN_*`) of a [`Route`].
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum RouteKind {
+    /// Forward through `dev` (`RTN_UNICAST`).
+    #[default]
+    Unicast,
+    /// Drop and answer ICMP host unreachable (`RTN_UNREACHABLE`); the lookup ends here, so
+    /// policy routing does not fall through to later rules.
+    Unreachable,
+    /// Drop silently (`RTN_BLACKHOLE`); the lookup ends here too.
+    Blackhole,
+}
+
+impl RouteKind {
+    /// The `ip route` keyword (`unicast` is implied and printed only by this method).
+    pub fn keyword(self) -> &'static str {
+        match self {
+            Self::Unicast => "unicast",
+            Self::Unreachable => "unreachable",
+            Self::Blackhole => "blackhole",
+        }
+    }
+}
+
+/// Metric of each peer table's catch-all: the lowest preference, so any route for the same
+/// destination wins over it, and it only answers when nothing else in the table does.
+pub const CATCH_ALL_METRIC: u32 = u32::MAX;
 
 /// A policy routing rule (`ip rule add pref <p> [fwmark <m>/<mask>] [iif <i>] [to <dst>] lookup <t>`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -114,11 +152,25 @@ impl fmt::Display for Address {
 
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} dev {}", self.dst, self.dev)?;
+        if self.kind != RouteKind::Unicast {
+            write!(f, "{} ", self.kind.keyword())?;
+        }
+        if self.dst.prefix_len() == 0 {
+            f.write_str("default")?;
+        } else {
+            write!(f, "{}", self.dst)?;
+        }
+        if let Some(dev) = &self.dev {
+            write!(f, " dev {dev}")?;
+        }
         if let Some(src) = self.src {
             write!(f, " src {src}")?;
         }
-        write!(f, " table {}", self.table)
+        write!(f, " table {}", self.table)?;
+        if self.metric != 0 {
+            write!(f, " metric {}", self.metric)?;
+        }
+        Ok(())
     }
 }
 
@@ -188,10 +240,25 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
             routes.push(Route {
                 table,
                 dst: mapping.real,
-                dev: peer.interface.clone(),
+                kind: RouteKind::Unicast,
+                dev: Some(peer.interface.clone()),
                 src: peer.tunnel_address.map(|address| address.addr()),
+                metric: 0,
             });
         }
+        // The peer's table must never come up empty: without its tunnel (deleted, or not yet
+        // created by a restarting gateway) the kernel removes the device routes, the lookup
+        // would fall through to the main table, and a packet already translated to the peer's
+        // real CIDR — which may equal ours — would reach a local pod. Unreachable rather than
+        // blackhole: the sender gets ICMP host unreachable at once instead of a timeout.
+        routes.push(Route {
+            table,
+            dst: Ipv4Net::default(),
+            kind: RouteKind::Unreachable,
+            dev: None,
+            src: None,
+            metric: CATCH_ALL_METRIC,
+        });
         rules.push(Rule {
             priority: input.rule_priority,
             fwmark: Some((input.peer_mark(index), input.fwmark_mask)),

@@ -9,7 +9,7 @@ use expect_test::expect;
 use fixtures::{net, scenarios};
 use proptest::prelude::*;
 use tether_netplan::{
-    Address, GatewayInput, Observed, Op, Plan, Route, Rule, Sysctl, diff, plan, teardown,
+    Address, GatewayInput, Observed, Op, Plan, Route, RouteKind, Rule, Sysctl, diff, plan, teardown,
 };
 
 fn scenario(name: &str) -> GatewayInput {
@@ -45,7 +45,9 @@ fn empty_kernel_gets_everything_added_in_apply_order() {
         sysctl -w net.ipv4.ip_forward=1
         ip addr add 169.254.18.1/30 dev tether-b
         ip addr add 169.254.18.5/30 dev tether-c
+        ip route add unreachable default table 7700 metric 4294967295
         ip route add 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+        ip route add unreachable default table 7701 metric 4294967295
         ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
         ip rule add pref 7700 fwmark 0x7700/0xffff lookup 7700
         ip rule add pref 7700 fwmark 0x7701/0xffff lookup 7701
@@ -82,15 +84,19 @@ fn drift_is_repaired_with_deletes_before_adds() {
     observed.routes.push(Route {
         table: 7702,
         dst: net("10.5.0.0/16"),
-        dev: "tether-d".to_owned(),
+        kind: RouteKind::Unicast,
+        dev: Some("tether-d".to_owned()),
         src: None,
+        metric: 0,
     });
     observed.routes.retain(|route| route.table != 7701);
     observed.routes.push(Route {
         table: 7701,
         dst: net("10.0.0.0/16"),
-        dev: "tether-b".to_owned(),
+        kind: RouteKind::Unicast,
+        dev: Some("tether-b".to_owned()),
         src: None,
+        metric: 0,
     });
     observed
         .sysctls
@@ -109,6 +115,7 @@ fn drift_is_repaired_with_deletes_before_adds() {
         ip route del 10.5.0.0/16 dev tether-d table 7702
         ip addr del 169.254.99.1/30 dev tether-c
         sysctl -w net.ipv4.ip_forward=1
+        ip route add unreachable default table 7701 metric 4294967295
         ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
         nft replace table ip tether (a227382abfc6f370)
     "#]]
@@ -138,8 +145,10 @@ fn foreign_rules_and_routes_are_ignored() {
         observed.routes.push(Route {
             table,
             dst: net("10.0.0.0/8"),
-            dev: "eth0".to_owned(),
+            kind: RouteKind::Unicast,
+            dev: Some("eth0".to_owned()),
             src: None,
+            metric: 0,
         });
     }
     assert_eq!(diff(&desired, &observed), Vec::new());
@@ -177,7 +186,9 @@ fn teardown_removes_only_what_was_observed() {
         nft delete table ip tether
         ip rule del pref 7700 fwmark 0x7700/0xffff lookup 7700
         ip rule del pref 7700 fwmark 0x7701/0xffff lookup 7701
+        ip route del unreachable default table 7700 metric 4294967295
         ip route del 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+        ip route del unreachable default table 7701 metric 4294967295
         ip route del 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
         ip addr del 169.254.18.1/30 dev tether-b
         ip addr del 169.254.18.5/30 dev tether-c
@@ -201,11 +212,11 @@ impl FakeKernel {
     fn apply(&mut self, op: &Op) {
         match op {
             Op::AddRoute(route) => {
-                // The kernel refuses a second route to the same destination in one table.
-                let clash = self
-                    .routes
-                    .iter()
-                    .any(|r| r.table == route.table && r.dst == route.dst);
+                // The kernel refuses a second route to the same destination and metric in one
+                // table.
+                let clash = self.routes.iter().any(|r| {
+                    r.table == route.table && r.dst == route.dst && r.metric == route.metric
+                });
                 assert!(!clash, "route add would fail with EEXIST: {route}");
                 self.routes.insert(route.clone());
             }
@@ -271,8 +282,10 @@ fn drifted_kernel(desired: &Plan, keep: &[bool], stale_tables: &[u32]) -> FakeKe
         kernel.routes.insert(Route {
             table: *table,
             dst,
-            dev: "old".to_owned(),
+            kind: RouteKind::Unicast,
+            dev: Some("old".to_owned()),
             src: None,
+            metric: 0,
         });
         kernel.rules.insert(Rule {
             priority: 7700,
@@ -316,6 +329,45 @@ proptest! {
         let left = kernel.observe();
         prop_assert!(left.routes.is_empty() && left.rules.is_empty() && left.addresses.is_empty());
         prop_assert_eq!(left.ruleset_fingerprint, None);
+    }
+
+    #[test]
+    fn a_marked_lookup_never_leaves_its_table_even_without_the_tunnel(
+        index in 0usize..8,
+        tunnel_up in any::<bool>(),
+        destination in any::<u32>(),
+    ) {
+        let (_, input) = scenarios().swap_remove(index);
+        let desired = plan(&input).expect("valid");
+        for (peer_index, peer) in input.peers.iter().enumerate() {
+            let table = input.peer_table(peer_index);
+            prop_assert!(desired.rules.iter().any(|rule| rule.table == table));
+            // The kernel drops a device's routes with the device; what is left must still
+            // answer every destination, or policy routing falls through to the main table.
+            let live: Vec<&Route> = desired
+                .routes
+                .iter()
+                .filter(|route| route.table == table)
+                .filter(|route| tunnel_up || route.dev.as_deref() != Some(peer.interface.as_str()))
+                .collect();
+            let destination = std::net::Ipv4Addr::from(destination);
+            let best = live
+                .iter()
+                .filter(|route| route.dst.contains(&destination))
+                .max_by_key(|route| (route.dst.prefix_len(), std::cmp::Reverse(route.metric)));
+            let best = best.expect("the peer table answers every destination");
+            match best.kind {
+                RouteKind::Unicast => {
+                    prop_assert!(tunnel_up);
+                    prop_assert_eq!(best.dev.as_deref(), Some(peer.interface.as_str()));
+                }
+                RouteKind::Unreachable => prop_assert!(best.dev.is_none()),
+                RouteKind::Blackhole => prop_assert!(false, "the plan chose unreachable"),
+            }
+            if !tunnel_up {
+                prop_assert_eq!(best.kind, RouteKind::Unreachable);
+            }
+        }
     }
 
     #[test]

@@ -30,6 +30,7 @@ fn one_peer_without_remap_routes_real_cidr_and_needs_no_nat() {
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
+            route unreachable default table 7700 metric 4294967295
             route 10.1.0.0/16 dev tether-b src 169.254.18.1 table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             table ip tether
@@ -68,6 +69,7 @@ fn one_peer_with_remapped_pod_cidr_translates_both_directions() {
             sysctl net.ipv4.conf.eth0.rp_filter=2
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             table ip tether
@@ -116,7 +118,9 @@ fn two_peers_with_the_same_real_cidr_get_separate_marks_and_tables() {
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
             addr 169.254.18.5/30 dev tether-c
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+            route unreachable default table 7701 metric 4294967295
             route 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             rule pref 7700 fwmark 0x7701/0xffff lookup 7701
@@ -173,6 +177,7 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
             sysctl net.ipv4.conf.eth0.rp_filter=2
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             route 10.70.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
@@ -222,6 +227,7 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
             sysctl net.ipv4.conf.eth0.rp_filter=2
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             route 10.70.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
@@ -273,6 +279,7 @@ fn mss_clamp_follows_the_mtu() {
             sysctl net.ipv4.conf.eth0.rp_filter=2
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             table ip tether
@@ -315,6 +322,7 @@ fn mss_clamp_follows_the_mtu() {
             sysctl net.ipv4.conf.eth0.rp_filter=2
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
+            route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             table ip tether
