@@ -350,6 +350,9 @@ pub fn prepare_update(
         }
         meta.remove("selfLink");
     }
+    if is(rt, "", "services") {
+        keep_service_allocations(old, new);
+    }
     default_object(rt, new);
     normalize(new);
     if tracks_generation(rt) && spec_part(rt, old) != spec_part(rt, new) {
@@ -860,6 +863,40 @@ pub fn allocate_service(obj: &mut Value, used_ips: &HashSet<String>, used_ports:
     }
 }
 
+/// An update that leaves out the allocated cluster IPs or node ports keeps them, as the real
+/// server does (so `kubectl replace` of a manifest without them works).
+fn keep_service_allocations(old: &Value, new: &mut Value) {
+    if !new["spec"].is_object() {
+        return;
+    }
+    for key in ["clusterIP", "clusterIPs"] {
+        let missing = match new["spec"].get(key) {
+            None | Some(Value::Null) => true,
+            Some(Value::String(s)) => s.is_empty(),
+            Some(Value::Array(a)) => a.is_empty(),
+            _ => false,
+        };
+        if missing && let Some(v) = old["spec"].get(key) {
+            new["spec"][key] = v.clone();
+        }
+    }
+    let old_ports = old["spec"]["ports"].as_array().cloned().unwrap_or_default();
+    if let Some(ports) = new["spec"]["ports"].as_array_mut() {
+        for p in ports {
+            if p.get("nodePort").is_some_and(|n| !n.is_null()) {
+                continue;
+            }
+            let same = old_ports.iter().find(|o| {
+                o["port"] == p["port"]
+                    && o["protocol"] == p["protocol"].as_str().map_or(json!("TCP"), |s| json!(s))
+            });
+            if let Some(n) = same.and_then(|o| o.get("nodePort")) {
+                p["nodePort"] = n.clone();
+            }
+        }
+    }
+}
+
 /// Secret `stringData` is merged into `data` (base64) on write and never stored.
 fn merge_string_data(obj: &mut Value) {
     use base64::Engine as _;
@@ -980,6 +1017,36 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    #[test]
+    fn service_updates_keep_allocations_and_secrets_merge_string_data() {
+        let svc = rt("", "services", "Service", true);
+        let mut old = json!({"metadata": {"name": "s"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+        prepare_create(&svc, &mut old).expect("valid");
+        allocate_service(&mut old, &HashSet::new(), &HashSet::new());
+        let mut new = json!({"metadata": {"name": "s"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}});
+        prepare_update(&svc, &old, &mut new, None).expect("allocations kept");
+        assert_eq!(new["spec"]["clusterIP"], old["spec"]["clusterIP"]);
+        assert_eq!(
+            new["spec"]["ports"][0]["nodePort"],
+            old["spec"]["ports"][0]["nodePort"]
+        );
+        let mut moved = new.clone();
+        moved["spec"]["clusterIP"] = json!("10.96.9.9");
+        assert_eq!(
+            prepare_update(&svc, &old, &mut moved, None)
+                .expect_err("immutable")
+                .code,
+            422
+        );
+
+        let secret = rt("", "secrets", "Secret", false);
+        let mut s = json!({"metadata": {"name": "x"}, "stringData": {"a": "hi"}});
+        prepare_create(&secret, &mut s).expect("valid");
+        assert_eq!(s["data"]["a"], "aGk=");
+        assert_eq!(s["type"], "Opaque");
+        assert!(s.get("stringData").is_none());
     }
 
     #[test]
