@@ -218,9 +218,7 @@ impl ClusterBuilder {
             Authenticator::new(admin_token.clone(), ca.as_deref(), issuer, sa_lookup)
                 .with_anonymous(true)
                 .with_bound_object_lookup(bound_lookup);
-        let rv_offset = self
-            .rv_offset
-            .unwrap_or_else(|| rand::rng().random_range(1..1000) * 1000);
+        let rv_offset = self.rv_offset.unwrap_or_else(default_rv_offset);
         let (watch_breaker, _) = tokio::sync::watch::channel(0u64);
         let state = Arc::new(ServerState {
             config: ServerConfig {
@@ -304,6 +302,14 @@ impl ClusterBuilder {
         tracing::info!(name = %cluster.name, url = %cluster.url, "simulated cluster listening");
         Ok(cluster)
     }
+}
+
+/// Random across processes and a billion apart within one, so clusters side by side never hand
+/// out the same resourceVersion (a random multiple of 1000 alone collides one time in 999).
+fn default_rv_offset() -> u64 {
+    static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nth = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    nth * 1_000_000_000 + rand::rng().random_range(1..1000) * 1000
 }
 
 fn random_token() -> String {
