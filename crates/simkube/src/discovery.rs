@@ -367,18 +367,41 @@ fn openapi_group_versions(reg: &Registry) -> Vec<(String, String, String)> {
     out
 }
 
+/// Every group-version's OpenAPI v3 document with its hash, keyed by `api/v1` /
+/// `apis/<g>/<v>`; built once per [`Registry`] (see [`Registry::openapi_docs`]).
+#[derive(Debug)]
+pub struct OpenApiDocs {
+    docs: BTreeMap<String, (Value, String)>,
+    order: Vec<String>,
+}
+
+impl OpenApiDocs {
+    pub(crate) fn build(reg: &Registry) -> OpenApiDocs {
+        let mut docs = BTreeMap::new();
+        let mut order = Vec::new();
+        for (path, group, version) in openapi_group_versions(reg) {
+            let doc = group_version_document(reg, &group, &version);
+            let digest = ring::digest::digest(&ring::digest::SHA512, doc.to_string().as_bytes());
+            let hash: String = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
+            order.push(path.clone());
+            docs.insert(path, (doc, hash));
+        }
+        OpenApiDocs { docs, order }
+    }
+}
+
 /// The `/openapi/v3` root: a map from each group-version path to its document's URL, whose
 /// `hash` is a digest of that document, so kubectl refetches exactly the ones that changed.
 pub fn openapi_v3_root(reg: &Registry) -> Value {
+    let docs = reg.openapi_docs();
     let mut paths = Map::new();
-    for (path, group, version) in openapi_group_versions(reg) {
-        let doc = group_version_document(reg, &group, &version);
-        let digest = ring::digest::digest(&ring::digest::SHA512, doc.to_string().as_bytes());
-        let hash: String = digest.as_ref().iter().map(|b| format!("{b:02X}")).collect();
-        paths.insert(
-            path.clone(),
-            json!({"serverRelativeURL": format!("/openapi/v3/{path}?hash={hash}")}),
-        );
+    for path in &docs.order {
+        if let Some((_, hash)) = docs.docs.get(path) {
+            paths.insert(
+                path.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{path}?hash={hash}")}),
+            );
+        }
     }
     json!({"paths": paths})
 }
@@ -389,15 +412,10 @@ pub fn openapi_v3_group_version(reg: &Registry, path: &str) -> Option<Value> {
     let path = path.split('?').next().unwrap_or(path);
     let path = path.trim_start_matches('/');
     let path = path.strip_prefix("openapi/v3/").unwrap_or(path);
-    let (group, version) = match path.split('/').collect::<Vec<_>>().as_slice() {
-        ["api", v] => (String::new(), (*v).to_owned()),
-        ["apis", g, v] => ((*g).to_owned(), (*v).to_owned()),
-        _ => return None,
-    };
-    if types_in(reg, &group, &version).is_empty() {
-        return None;
-    }
-    Some(group_version_document(reg, &group, &version))
+    reg.openapi_docs()
+        .docs
+        .get(path)
+        .map(|(doc, _)| doc.clone())
 }
 
 /// The OpenAPI schema name of a kind: `io.k8s.api.core.v1.Pod` for built-ins, the reversed

@@ -126,6 +126,9 @@ pub struct Registry {
     pub types: Vec<Arc<ResourceType>>,
     /// Bumped on every change.
     pub generation: u64,
+    /// The OpenAPI v3 documents of this exact set of types, built on first use; a registry is
+    /// replaced, never changed, so the cache never goes stale.
+    openapi: std::sync::OnceLock<Arc<crate::discovery::OpenApiDocs>>,
 }
 
 impl Registry {
@@ -404,6 +407,7 @@ impl Registry {
         Registry {
             types: builtins().into_iter().map(Arc::new).collect(),
             generation: 1,
+            openapi: std::sync::OnceLock::new(),
         }
     }
 
@@ -420,7 +424,15 @@ impl Registry {
         Registry {
             types: kept,
             generation: self.generation + 1,
+            openapi: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The OpenAPI v3 documents, built once per registry.
+    pub(crate) fn openapi_docs(&self) -> Arc<crate::discovery::OpenApiDocs> {
+        self.openapi
+            .get_or_init(|| Arc::new(crate::discovery::OpenApiDocs::build(self)))
+            .clone()
     }
 
     /// The types of one group, any version.
