@@ -25,6 +25,9 @@ const RX_MESSAGES: usize = 8;
 const RX_BUF: usize = 65535;
 /// Ceiling on segments per GSO send (the kernel's UDP_MAX_SEGMENTS is 64 on older kernels).
 const MAX_GSO_SEGMENTS: usize = 64;
+/// Largest UDP payload of one GSO send: the whole train must fit one IPv4 datagram's length
+/// field (65535 - 20 - 8), or the kernel rejects the send.
+const MAX_GSO_BYTES: usize = 65507;
 /// Socket buffer sizes: big enough to absorb a 64-segment burst from every peer.
 const SOCKET_BUFFER: usize = 8 << 20;
 /// How long the receive loop waits for a datagram before checking for shutdown.
@@ -50,6 +53,16 @@ pub struct IoCounters {
     pub gso_sends: AtomicU64,
     /// Datagrams handed to the kernel in GSO sends.
     pub gso_segments: AtomicU64,
+    /// TUN reads (each may carry a TSO super-frame).
+    pub tun_reads: AtomicU64,
+    /// Packets those reads were split into.
+    pub tun_read_packets: AtomicU64,
+    /// Packets handed to TUN writes (before GRO coalescing).
+    pub tun_write_packets: AtomicU64,
+    /// UDP receive calls that returned data.
+    pub udp_recv_calls: AtomicU64,
+    /// Datagrams those calls returned.
+    pub udp_recv_datagrams: AtomicU64,
 }
 
 /// The UDP socket with quinn-udp's state (GSO/GRO, DF set: never fragmented locally).
@@ -66,9 +79,16 @@ impl Socket {
         // waits until *every* slot is filled (or the timeout), which adds the whole timeout
         // to each handshake message. The loops poll for readiness instead.
         let state = UdpSocketState::new((&socket).into())?;
-        // Best effort: an unprivileged container may cap these.
-        let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
-        let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
+        // Bursts of 45-datagram GSO trains overflow the default 208 KB buffers. With
+        // CAP_NET_ADMIN the *FORCE options pass the sysctl caps; otherwise take what the caps
+        // allow.
+        use nix::sys::socket::{setsockopt, sockopt};
+        if setsockopt(&socket, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+            let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
+        }
+        if setsockopt(&socket, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+            let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
+        }
         Ok(Self { socket, state })
     }
 
@@ -248,7 +268,11 @@ impl Gso {
 
     fn accepts(&self, to: SocketAddr, len: usize, max: usize) -> bool {
         self.count == 0
-            || (self.to == Some(to) && !self.closed && self.count < max && len <= self.segment)
+            || (self.to == Some(to)
+                && !self.closed
+                && self.count < max
+                && len <= self.segment
+                && self.end - self.start + len <= MAX_GSO_BYTES)
     }
 
     fn push(&mut self, to: SocketAddr, len: usize) {
@@ -307,6 +331,8 @@ fn encrypt_loop(s: &Shared, peer: PeerIndex) {
                 continue;
             }
         };
+        s.counters.tun_reads.fetch_add(1, Relaxed);
+        s.counters.tun_read_packets.fetch_add(n as u64, Relaxed);
         let now = Instant::now();
         // Re-read: quinn-udp turns GSO off for good if the kernel rejects it.
         max_segments = max_segments.min(s.socket.max_gso_segments());
@@ -355,7 +381,16 @@ fn decrypt_loop(s: &Shared) {
     let cap = VIRTIO_NET_HDR_LEN + (s.mtu + tether_wg::DATA_OVERHEAD).max(MIN_OUT_BUF);
     let mut batches: Vec<TunBatch> = (0..n_peers)
         .map(|_| TunBatch {
-            bufs: (0..IDEAL_BATCH_SIZE).map(|_| vec![0u8; cap]).collect(),
+            // GRO coalesces a flow into its first buffer only if that buffer can already
+            // hold a full 64 KB super-packet (it never reallocates), so reserve that much.
+            // Untouched capacity costs address space, not memory.
+            bufs: (0..IDEAL_BATCH_SIZE)
+                .map(|_| {
+                    let mut b = Vec::with_capacity(TUN_WRITE_MAX + 2 * VIRTIO_NET_HDR_LEN);
+                    b.resize(cap, 0);
+                    b
+                })
+                .collect(),
             count: 0,
             gro: GROTable::default(),
         })
@@ -402,12 +437,16 @@ fn decrypt_loop(s: &Shared) {
             }
         };
         let now = Instant::now();
+        s.counters.udp_recv_calls.fetch_add(1, Relaxed);
         for (meta, buf) in metas.iter().zip(&rx).take(n) {
             let stride = if meta.stride == 0 {
                 meta.len
             } else {
                 meta.stride
             };
+            s.counters
+                .udp_recv_datagrams
+                .fetch_add(meta.len.div_ceil(stride.max(1)) as u64, Relaxed);
             for datagram in buf[..meta.len].chunks(stride) {
                 handle_datagram(s, &mut batches, &mut scratch, meta.addr, datagram, now);
             }
@@ -495,16 +534,16 @@ fn write_batch(s: &Shared, peer: PeerIndex, b: &mut TunBatch, cap: usize) {
         return;
     }
     let tun = &s.tuns[peer.0];
+    s.counters
+        .tun_write_packets
+        .fetch_add(b.count as u64, Relaxed);
     if let Err(e) = tun.send_multiple(&mut b.gro, &mut b.bufs[..b.count], VIRTIO_NET_HDR_LEN) {
         s.counters.tun_write_errors.fetch_add(1, Relaxed);
         tracing::debug!(error = %e, "tun write failed");
     }
     for buf in &mut b.bufs[..b.count] {
-        // Coalescing may have grown a buffer to a 64 KB super-packet; keep that capacity
-        // (bounded) and restore the working length for the next decrypt.
-        if buf.capacity() > TUN_WRITE_MAX + VIRTIO_NET_HDR_LEN {
-            buf.shrink_to(TUN_WRITE_MAX + VIRTIO_NET_HDR_LEN);
-        }
+        // Restore the working length for the next decrypt (a coalesced buffer shrinks back;
+        // its capacity stays).
         buf.resize(cap, 0);
     }
     b.count = 0;

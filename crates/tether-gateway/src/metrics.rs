@@ -212,6 +212,23 @@ impl Collector for PeerCollector {
         ]
         .map(|(r, n)| (vec![("op", r.to_owned())], n));
         counter(&mut enc, "io_errors", "IO errors of the packet loops", &io)?;
+        let batching = [
+            ("tun_reads", self.io.tun_reads.load(Relaxed)),
+            ("tun_read_packets", self.io.tun_read_packets.load(Relaxed)),
+            ("tun_write_packets", self.io.tun_write_packets.load(Relaxed)),
+            ("udp_recv_calls", self.io.udp_recv_calls.load(Relaxed)),
+            (
+                "udp_recv_datagrams",
+                self.io.udp_recv_datagrams.load(Relaxed),
+            ),
+        ]
+        .map(|(r, n)| (vec![("what", r.to_owned())], n));
+        counter(
+            &mut enc,
+            "io_batching",
+            "Calls and packets of the batched IO paths (packets per call shows how well offload and GRO batch)",
+            &batching,
+        )?;
         counter(
             &mut enc,
             "udp_gso_segments",

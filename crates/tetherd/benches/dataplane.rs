@@ -86,6 +86,30 @@ fn main() {
         ));
     }
     let rtt_tunnel = (ping_rtt(ca.pod(0), to_b), ping_rtt(cb.pod(0), to_a));
+    if std::env::var_os("TETHER_BENCH_DIAG").is_some() {
+        for c in [ca, cb] {
+            let g = c.gateway();
+            println!("--- {} gateway: drops and errors", c.name());
+            let nstat = g
+                .exec(&["nstat", "-az"])
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            for l in nstat.unwrap_or_default().lines() {
+                let interesting = ["Udp", "Drop", "Retrans", "Discard", "Err", "PathFilter"];
+                if interesting.iter().any(|k| l.contains(k)) && !l.contains(" 0 ") {
+                    println!("  {l}");
+                }
+            }
+            println!("{}", g.ip(&["-s", "link"]).unwrap_or_default());
+            if let Some((_, m)) = http_get(g, "/metrics") {
+                for l in m
+                    .lines()
+                    .filter(|l| !l.starts_with('#') && !l.ends_with(" 0"))
+                {
+                    println!("  {l}");
+                }
+            }
+        }
+    }
     drop((ga, gb));
     drop(topo);
 
