@@ -10,8 +10,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Resource as _;
 use kube::api::{Api, DynamicObject, GroupVersionKind};
 use kube::discovery::ApiResource;
+use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
 use serde_json::Value;
 use simkube::Cluster;
 
@@ -561,29 +563,39 @@ async fn describe_pod_and_custom_resource_show_events_and_namespace_its_quotas()
     .await;
     let g = k.file("g.yaml", &gadget("g1", 3));
     k.ok(&["create", "-f", &g]).await;
-    let g_uid = k
-        .ok(&["get", "gadget", "g1", "-o", "jsonpath={.metadata.uid}"])
-        .await;
-    let ev = k.file(
-        "e3.yaml",
-        &event(
-            "g1.1",
-            "Gadget",
-            "example.com/v1",
-            "g1",
-            &g_uid,
-            "default",
-            "Resized",
-        ),
+    // The custom resource's event comes from kube-runtime's Recorder (events.k8s.io/v1), the
+    // way an operator publishes them; kubectl reads it back as a core Event.
+    let gvk = GroupVersionKind::gvk("example.com", "v1", "Gadget");
+    let ar = ApiResource::from_gvk(&gvk);
+    let gadgets: Api<DynamicObject> = Api::default_namespaced_with(c.client(), &ar);
+    let g1 = gadgets.get("g1").await.expect("get gadget");
+    let recorder = Recorder::new(
+        c.client(),
+        Reporter {
+            controller: "gadget-operator".into(),
+            instance: None,
+        },
     );
-    k.ok(&["create", "-f", &ev]).await;
+    let resized = RecordedEvent {
+        type_: EventType::Warning,
+        reason: "Resized".into(),
+        note: Some("Resized happened to g1".into()),
+        action: "Resize".into(),
+        secondary: None,
+    };
+    recorder
+        .publish(&resized, &g1.object_ref(&ar))
+        .await
+        .expect("publish");
     let out = k.ok(&["describe", "gadget", "g1"]).await;
     assert!(out.contains("Kind:         Gadget"), "{out}");
     assert!(out.contains("Size:  3"), "{out}");
     let rows = events_section(&out);
     assert!(
-        rows.iter()
-            .any(|r| r.len() > 2 && r[..2] == ["Warning", "Resized"]),
+        rows.iter().any(|r| r.len() > 2
+            && r[..2] == ["Warning", "Resized"]
+            && r.join(" ")
+                .ends_with("gadget-operator Resized happened to g1")),
         "{out}"
     );
     c.shutdown().await;
