@@ -14,7 +14,7 @@ pub enum KeyError {
     #[error("not valid base64 (expected 32 bytes, as printed by `wg genkey` / `wg pubkey`)")]
     Encoding,
     /// Decoded to a length other than 32 bytes.
-    #[error("decodes to {0} bytes, expected 32")]
+    #[error("not valid base64 (expected 32 bytes, this decodes to {0})")]
     Length(usize),
     /// All zeroes: not a usable key.
     #[error("is all zeroes")]
