@@ -5,9 +5,17 @@
 //! Pure decisions live in their own modules ([`ipam`], [`backoff`], [`images`], [`env`],
 //! [`node_status`], [`pod_status`]); the agent applies them.
 
+pub mod agent;
 pub mod backoff;
+pub mod builtin;
 pub mod env;
+mod error;
 pub mod images;
 pub mod ipam;
 pub mod node_status;
 pub mod pod_status;
+pub mod process;
+pub mod sandbox;
+
+pub use agent::{Agent, AgentConfig};
+pub use error::Error;

@@ -1,0 +1,788 @@
+//! The agent's life cycle: register the Node, keep its Lease and status fresh, watch the pods
+//! bound to it, and run one worker per pod (sandbox, container supervisors, status, deletion).
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt as _;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Node, Pod, PodStatus, Secret};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt as _;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client};
+use serde_json::json;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::Backoff;
+use crate::env::{self, Sources};
+use crate::error::Error;
+use crate::images::ImageTable;
+use crate::ipam::PodIpAllocator;
+use crate::node_status::{self, NodeIdentity};
+use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
+use crate::process::{ContainerProcess, Launch};
+use crate::sandbox::{self, SandboxNames};
+
+/// The field manager of every write the agent makes.
+pub const FIELD_MANAGER: &str = "simkube-node";
+
+/// How the agent behaves.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// What the Node object says.
+    pub identity: NodeIdentity,
+    /// How images become programs.
+    pub images: ImageTable,
+    /// Restart back-off.
+    pub backoff: Backoff,
+    /// Container logs live under `<state_dir>/pods/`.
+    pub state_dir: PathBuf,
+    /// The Lease's duration (kubelet: 40 s).
+    pub lease_duration: Duration,
+    /// How often the Lease is renewed (kubelet: a quarter of the duration).
+    pub lease_renew: Duration,
+    /// How often the Node status is re-posted without a change (kubelet: 5 min).
+    pub status_interval: Duration,
+    /// `KUBERNETES_SERVICE_HOST` for pods: the API server's address as a pod reaches it.
+    pub pod_api_host: String,
+    /// `KUBERNETES_SERVICE_PORT` for pods.
+    pub pod_api_port: u16,
+    /// Time a container that stops gets when the agent shuts down.
+    pub shutdown_grace: Duration,
+    /// Names of sandbox namespaces start with this (default `sk-<node>-`); every namespace with
+    /// this prefix belongs to this agent and is removed when it starts.
+    pub netns_prefix: String,
+}
+
+impl AgentConfig {
+    /// Defaults as the kubelet has them, for `identity` and `images`.
+    pub fn new(identity: NodeIdentity, images: ImageTable, state_dir: PathBuf) -> Self {
+        let pod_api_host = identity.internal_ip.to_string();
+        Self {
+            netns_prefix: sandbox::netns_prefix(&identity.name),
+            identity,
+            images,
+            backoff: Backoff::default(),
+            state_dir,
+            lease_duration: Duration::from_secs(40),
+            lease_renew: Duration::from_secs(10),
+            status_interval: Duration::from_secs(60),
+            pod_api_host,
+            pod_api_port: 443,
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+struct Ctx {
+    client: Client,
+    config: AgentConfig,
+    ipam: Mutex<PodIpAllocator>,
+}
+
+impl Ctx {
+    fn node(&self) -> &str {
+        &self.config.identity.name
+    }
+
+    fn gateway(&self) -> Ipv4Addr {
+        self.ipam
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gateway()
+    }
+}
+
+/// The node agent.
+pub struct Agent {
+    ctx: Arc<Ctx>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.ctx.node())
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum PodMsg {
+    Current(Arc<Pod>),
+    Gone,
+}
+
+impl Agent {
+    /// An agent for `config`, talking to the API server through `client`.
+    pub fn new(client: Client, config: AgentConfig) -> Result<Self, Error> {
+        let ipam = PodIpAllocator::new(config.identity.pod_cidr)
+            .map_err(|e| Error::Config(e.to_string()))?;
+        let prefix = &config.netns_prefix;
+        if prefix.is_empty() || prefix.len() > 210 || prefix.contains('/') {
+            return Err(Error::Config(format!(
+                "netns prefix {prefix:?} must be 1-210 characters without '/'"
+            )));
+        }
+        Ok(Self {
+            ctx: Arc::new(Ctx {
+                client,
+                config,
+                ipam: Mutex::new(ipam),
+            }),
+        })
+    }
+
+    /// Registers the node and runs until `shutdown` is cancelled; then stops every container,
+    /// removes every sandbox and returns (the pods stay in the API, as with a stopped kubelet).
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
+        let ctx = self.ctx;
+        std::fs::create_dir_all(ctx.config.state_dir.join("pods")).map_err(|source| Error::Io {
+            action: format!("create {}", ctx.config.state_dir.display()),
+            source,
+        })?;
+        // Containers die with the agent (parent-death signal), so every sandbox found now is
+        // an orphan of a previous run; pods still bound here are started afresh.
+        let prefix = &ctx.config.netns_prefix;
+        for (netns, uid) in sandbox::list(prefix) {
+            tracing::info!(%netns, "removing the sandbox of a previous agent run");
+            sandbox::remove(&sandbox::names(prefix, &uid)).await?;
+        }
+        register(&ctx).await?;
+        tracing::info!(node = %ctx.node(), "node registered");
+        let heartbeat = tokio::spawn(heartbeat(ctx.clone(), shutdown.clone()));
+
+        let pods: Api<Pod> = Api::all(ctx.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node()));
+        let mut events = std::pin::pin!(watcher::watcher(pods, config).default_backoff());
+        let mut workers: HashMap<String, watch::Sender<PodMsg>> = HashMap::new();
+        let mut tasks = JoinSet::new();
+        let mut listed: Option<Vec<String>> = None;
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+                event = events.next() => event,
+            };
+            let event = match event {
+                Some(Ok(event)) => event,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "pod watch failed; retrying");
+                    continue;
+                }
+                None => break,
+            };
+            match event {
+                Event::Init => listed = Some(Vec::new()),
+                Event::InitApply(pod) | Event::Apply(pod) => {
+                    let Some(uid) = pod.metadata.uid.clone() else {
+                        continue;
+                    };
+                    if let Some(seen) = listed.as_mut() {
+                        seen.push(uid.clone());
+                    }
+                    workers.retain(|_, tx| !tx.is_closed());
+                    match workers.get(&uid) {
+                        Some(tx) => {
+                            let _ = tx.send(PodMsg::Current(Arc::new(pod)));
+                        }
+                        None => {
+                            let (tx, rx) = watch::channel(PodMsg::Current(Arc::new(pod)));
+                            workers.insert(uid.clone(), tx);
+                            tasks.spawn(pod_worker(ctx.clone(), uid, rx, shutdown.clone()));
+                        }
+                    }
+                }
+                Event::Delete(pod) => {
+                    if let Some(tx) = pod.metadata.uid.as_ref().and_then(|u| workers.get(u)) {
+                        let _ = tx.send(PodMsg::Gone);
+                    }
+                }
+                Event::InitDone => {
+                    if let Some(seen) = listed.take() {
+                        for (uid, tx) in &workers {
+                            if !seen.contains(uid) {
+                                let _ = tx.send(PodMsg::Gone);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        shutdown.cancel();
+        while tasks.join_next().await.is_some() {}
+        let _ = heartbeat.await;
+        tracing::info!(node = %ctx.node(), "node agent stopped");
+        Ok(())
+    }
+}
+
+async fn register(ctx: &Ctx) -> Result<(), Error> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let node = node_status::node_object(&ctx.config.identity);
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {
+            tracing::info!(node = %ctx.node(), "node already registered; taking it over");
+        }
+        Err(e) => return Err(Error::api(format!("register node {}", ctx.node()))(e)),
+    }
+    post_node_status(ctx, None).await.map(drop)
+}
+
+async fn post_node_status(
+    ctx: &Ctx,
+    previous: Option<&k8s_openapi::api::core::v1::NodeStatus>,
+) -> Result<k8s_openapi::api::core::v1::NodeStatus, Error> {
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    let status =
+        node_status::node_status(&ctx.config.identity, previous, true, "", Timestamp::now());
+    nodes
+        .patch_status(
+            ctx.node(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map_err(Error::api(format!("update status of node {}", ctx.node())))?;
+    Ok(status)
+}
+
+async fn heartbeat(ctx: Arc<Ctx>, shutdown: CancellationToken) {
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), node_status::LEASE_NAMESPACE);
+    let duration = i32::try_from(ctx.config.lease_duration.as_secs()).unwrap_or(i32::MAX);
+    let mut status: Option<k8s_openapi::api::core::v1::NodeStatus> = None;
+    let mut last_status = Instant::now();
+    loop {
+        let lease = node_status::lease(ctx.node(), duration, Timestamp::now());
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        if let Err(error) = leases
+            .patch(ctx.node(), &params, &Patch::Apply(&lease))
+            .await
+        {
+            tracing::warn!(node = %ctx.node(), %error, "cannot renew the node lease");
+        }
+        if status.is_none() || last_status.elapsed() >= ctx.config.status_interval {
+            match post_node_status(&ctx, status.as_ref()).await {
+                Ok(s) => {
+                    status = Some(s);
+                    last_status = Instant::now();
+                }
+                Err(error) => tracing::warn!(%error, "cannot post node status"),
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(ctx.config.lease_renew) => {}
+        }
+    }
+}
+
+fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or_default(),
+        pod.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+fn grace_of(pod: &Pod) -> Duration {
+    let seconds = pod
+        .metadata
+        .deletion_grace_period_seconds
+        .or_else(|| {
+            pod.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+        })
+        .unwrap_or(30);
+    Duration::from_secs(u64::try_from(seconds).unwrap_or(0))
+}
+
+/// How a pod worker ends.
+enum Ending {
+    /// The pod is being deleted: stop with its grace period, then finish the deletion.
+    Deleted(Duration),
+    /// The pod is gone from the API already.
+    Gone,
+    /// The agent is shutting down.
+    Shutdown,
+}
+
+async fn pod_worker(
+    ctx: Arc<Ctx>,
+    uid: String,
+    mut rx: watch::Receiver<PodMsg>,
+    shutdown: CancellationToken,
+) {
+    let PodMsg::Current(pod) = rx.borrow_and_update().clone() else {
+        return;
+    };
+    let key = pod_key(&pod);
+    let names = sandbox::names(&ctx.config.netns_prefix, &uid);
+    let mut reporter = Reporter::new(&ctx, &pod);
+    let ending = if pod.metadata.deletion_timestamp.is_some() {
+        Ending::Deleted(grace_of(&pod))
+    } else {
+        run_pod(&ctx, &uid, &pod, &names, &mut rx, &mut reporter, &shutdown).await
+    };
+    if let Err(error) = sandbox::remove(&names).await {
+        tracing::warn!(pod = %key, %error, "cannot remove the pod sandbox");
+    }
+    ctx.ipam
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .release(&uid);
+    if let Ending::Deleted(_) = ending {
+        let pods: Api<Pod> = Api::namespaced(
+            ctx.client.clone(),
+            pod.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match pods
+            .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
+            .await
+        {
+            Ok(_) => tracing::info!(pod = %key, "pod stopped and deleted"),
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+            Err(error) => tracing::warn!(pod = %key, %error, "cannot finish the pod's deletion"),
+        }
+    }
+}
+
+async fn run_pod(
+    ctx: &Arc<Ctx>,
+    uid: &str,
+    pod: &Arc<Pod>,
+    names: &SandboxNames,
+    rx: &mut watch::Receiver<PodMsg>,
+    reporter: &mut Reporter,
+    shutdown: &CancellationToken,
+) -> Ending {
+    let key = pod_key(pod);
+    // The sandbox first: containers need the namespace, and the env needs the pod IP.
+    let pod_ip = loop {
+        let allocated = ctx
+            .ipam
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate(uid);
+        let attempt = match allocated {
+            Ok(ip) => sandbox::create(names, ip, ctx.gateway())
+                .await
+                .map(|()| ip)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match attempt {
+            Ok(ip) => break ip,
+            Err(error) => {
+                tracing::warn!(pod = %key, %error, "cannot create the pod sandbox; retrying");
+                reporter.sandbox_error(&error).await;
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Ending::Shutdown,
+            msg = next_msg(rx) => if let Some(end) = msg { return end },
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    };
+    tracing::info!(pod = %key, %pod_ip, netns = %names.netns, "sandbox ready");
+    reporter.record.pod_ip = Some(pod_ip);
+    reporter.report().await;
+
+    let containers = pod
+        .spec
+        .as_ref()
+        .map(|s| s.containers.clone())
+        .unwrap_or_default();
+    let (events_tx, mut events) = mpsc::channel::<(usize, ContainerRecord)>(64);
+    let stop = CancellationToken::new();
+    let (grace_tx, grace_rx) = watch::channel(ctx.config.shutdown_grace);
+    let mut supervisors = JoinSet::new();
+    for (index, container) in containers.into_iter().enumerate() {
+        supervisors.spawn(supervise(Supervisor {
+            ctx: ctx.clone(),
+            pod: pod.clone(),
+            index,
+            container,
+            netns: names.netns_path(),
+            pod_ip,
+            events: events_tx.clone(),
+            stop: stop.clone(),
+            grace: grace_rx.clone(),
+        }));
+    }
+    drop(events_tx);
+    let ending = loop {
+        tokio::select! {
+            () = shutdown.cancelled() => break Ending::Shutdown,
+            msg = next_msg(rx) => if let Some(end) = msg { break end },
+            Some((index, record)) = events.recv() => {
+                if let Some(slot) = reporter.record.containers.get_mut(index) {
+                    *slot = record;
+                }
+                reporter.report().await;
+            }
+        }
+    };
+    let grace = match ending {
+        Ending::Deleted(grace) => grace,
+        Ending::Gone => Duration::ZERO,
+        Ending::Shutdown => ctx.config.shutdown_grace,
+    };
+    let _ = grace_tx.send(grace);
+    stop.cancel();
+    while supervisors.join_next().await.is_some() {}
+    ending
+}
+
+/// Waits for the next pod update that ends the pod's life; `None` for other updates.
+async fn next_msg(rx: &mut watch::Receiver<PodMsg>) -> Option<Ending> {
+    if rx.changed().await.is_err() {
+        // The agent dropped the sender: it is shutting down.
+        return Some(Ending::Shutdown);
+    }
+    match &*rx.borrow_and_update() {
+        PodMsg::Gone => Some(Ending::Gone),
+        PodMsg::Current(pod) if pod.metadata.deletion_timestamp.is_some() => {
+            Some(Ending::Deleted(grace_of(pod)))
+        }
+        PodMsg::Current(_) => None,
+    }
+}
+
+/// Writes the pod's status whenever the agent's record of it changes.
+struct Reporter {
+    api: Api<Pod>,
+    name: String,
+    record: PodRecord,
+    last: Option<PodStatus>,
+}
+
+impl Reporter {
+    fn new(ctx: &Ctx, pod: &Pod) -> Self {
+        let spec = pod.spec.as_ref();
+        Self {
+            api: Api::namespaced(
+                ctx.client.clone(),
+                pod.metadata.namespace.as_deref().unwrap_or_default(),
+            ),
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            record: PodRecord {
+                restart_policy: spec
+                    .and_then(|s| s.restart_policy.clone())
+                    .unwrap_or_else(|| "Always".to_owned()),
+                pod_ip: None,
+                host_ip: ctx.config.identity.internal_ip.to_string(),
+                start_time: Timestamp::now(),
+                containers: spec
+                    .map(|s| {
+                        s.containers
+                            .iter()
+                            .map(|c| {
+                                ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            last: None,
+        }
+    }
+
+    async fn report(&mut self) {
+        let status = pod_status::pod_status(&self.record, self.last.as_ref(), Timestamp::now());
+        self.write(status).await;
+    }
+
+    async fn sandbox_error(&mut self, message: &str) {
+        let mut status = pod_status::pod_status(&self.record, self.last.as_ref(), Timestamp::now());
+        status.message = Some(format!("cannot create the pod sandbox: {message}"));
+        status.reason = Some("SandboxCreateFailed".to_owned());
+        self.write(status).await;
+    }
+
+    async fn write(&mut self, status: PodStatus) {
+        if self.last.as_ref() == Some(&status) {
+            return;
+        }
+        let patch = Patch::Merge(json!({ "status": status }));
+        match self
+            .api
+            .patch_status(&self.name, &PatchParams::default(), &patch)
+            .await
+        {
+            Ok(_) => self.last = Some(status),
+            Err(error) => tracing::warn!(pod = %self.name, %error, "cannot update pod status"),
+        }
+    }
+}
+
+struct Supervisor {
+    ctx: Arc<Ctx>,
+    pod: Arc<Pod>,
+    index: usize,
+    container: Container,
+    netns: PathBuf,
+    pod_ip: Ipv4Addr,
+    events: mpsc::Sender<(usize, ContainerRecord)>,
+    stop: CancellationToken,
+    grace: watch::Receiver<Duration>,
+}
+
+impl Supervisor {
+    fn log_path(&self, restart: i32) -> Result<PathBuf, std::io::Error> {
+        let path = log_file(
+            &self.ctx.config.state_dir,
+            &self.pod,
+            &self.container.name,
+            restart,
+        );
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        Ok(path)
+    }
+
+    async fn send(&self, record: &ContainerRecord) {
+        let _ = self.events.send((self.index, record.clone())).await;
+    }
+
+    /// Sleeps `delay` unless told to stop first; `true` when stopping.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            () = self.stop.cancelled() => true,
+            () = tokio::time::sleep(delay) => false,
+        }
+    }
+
+    async fn sources(&self) -> Result<Sources, String> {
+        let namespace = self.pod.metadata.namespace.as_deref().unwrap_or_default();
+        let (config_maps, secrets) = env::referenced(&self.container);
+        let mut sources = Sources::default();
+        let cms: Api<ConfigMap> = Api::namespaced(self.ctx.client.clone(), namespace);
+        for name in config_maps {
+            match cms.get_opt(&name).await {
+                Ok(Some(cm)) => {
+                    sources
+                        .config_maps
+                        .insert(name, cm.data.unwrap_or_default());
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("cannot read configmap {name:?}: {e}")),
+            }
+        }
+        let api: Api<Secret> = Api::namespaced(self.ctx.client.clone(), namespace);
+        for name in secrets {
+            match api.get_opt(&name).await {
+                Ok(Some(secret)) => {
+                    let data: BTreeMap<String, String> = secret
+                        .data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, String::from_utf8_lossy(&v.0).into_owned()))
+                        .collect();
+                    sources.secrets.insert(name, data);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(format!("cannot read secret {name:?}: {e}")),
+            }
+        }
+        Ok(sources)
+    }
+
+    /// Everything needed to start the container, or the waiting reason and message.
+    async fn prepare(
+        &self,
+    ) -> Result<(Vec<String>, Vec<(String, String)>), (&'static str, String)> {
+        let image = self.container.image.as_deref().unwrap_or("");
+        let resolved = self
+            .ctx
+            .config
+            .images
+            .resolve(image)
+            .map_err(|e| ("ErrImagePull", e.to_string()))?;
+        let sources = self
+            .sources()
+            .await
+            .map_err(|e| ("CreateContainerConfigError", e))?;
+        let runtime = env::Runtime {
+            pod_ip: self.pod_ip.to_string(),
+            host_ip: self.ctx.config.identity.internal_ip.to_string(),
+            api_host: self.ctx.config.pod_api_host.clone(),
+            api_port: self.ctx.config.pod_api_port,
+        };
+        let vars = env::resolve(&self.pod, &self.container, &runtime, &sources)
+            .map_err(|e| ("CreateContainerConfigError", e.to_string()))?;
+        let expand = |v: &Option<Vec<String>>| {
+            v.as_ref().map(|list| {
+                list.iter()
+                    .map(|s| env::expand(s, &vars))
+                    .collect::<Vec<_>>()
+            })
+        };
+        let argv = resolved
+            .argv(
+                image,
+                expand(&self.container.command).as_deref(),
+                expand(&self.container.args).as_deref(),
+            )
+            .map_err(|e| ("CreateContainerError", e.to_string()))?;
+        Ok((argv, vars))
+    }
+}
+
+async fn supervise(s: Supervisor) {
+    let policy = s
+        .pod
+        .spec
+        .as_ref()
+        .and_then(|p| p.restart_policy.clone())
+        .unwrap_or_else(|| "Always".to_owned());
+    let key = format!("{}/{}", pod_key(&s.pod), s.container.name);
+    let backoff = s.ctx.config.backoff;
+    let image = s.container.image.clone().unwrap_or_default();
+    let mut record = ContainerRecord::new(&s.container.name, &image);
+    let mut crashes = 0u32;
+    let mut failures = 0u32;
+    loop {
+        let (argv, vars) = match s.prepare().await {
+            Ok(ready) => ready,
+            Err((reason, message)) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(container = %key, reason, %message, "cannot start container");
+                record.phase = ContainerPhase::Waiting {
+                    reason: reason.to_owned(),
+                    message: Some(message),
+                };
+                s.send(&record).await;
+                if s.pause(backoff.delay(failures)).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        failures = 0;
+        let container_id = format!(
+            "simkube://{}/{}/{}",
+            s.pod.metadata.uid.as_deref().unwrap_or_default(),
+            s.container.name,
+            record.restart_count
+        );
+        let working_dir = PathBuf::from(s.container.working_dir.as_deref().unwrap_or("/"));
+        let started_at = Timestamp::now();
+        let started = Instant::now();
+        let spawned = s.log_path(record.restart_count).and_then(|log| {
+            ContainerProcess::spawn(&Launch {
+                argv: &argv,
+                env: &vars,
+                working_dir: &working_dir,
+                netns: &s.netns,
+                log: &log,
+            })
+        });
+        record.container_id = Some(container_id.clone());
+        let exit = match spawned {
+            Ok(mut process) => {
+                tracing::info!(container = %key, pid = process.pid(), "container started");
+                record.phase = ContainerPhase::Running { started_at };
+                s.send(&record).await;
+                tokio::select! {
+                    exit = process.wait() => exit,
+                    () = s.stop.cancelled() => {
+                        let grace = *s.grace.borrow();
+                        let exit = process.stop(grace).await;
+                        tracing::info!(container = %key, ?exit, "container stopped");
+                        return;
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(container = %key, %error, program = %argv[0], "cannot start container");
+                Err(error)
+            }
+        };
+        let (code, signal, reason) = match exit {
+            Ok(e) if e.code == 0 => (0, None, "Completed"),
+            Ok(e) => (e.code, e.signal, "Error"),
+            Err(_) => (128, None, "StartError"),
+        };
+        let termination = Termination {
+            exit_code: code,
+            signal,
+            reason: reason.to_owned(),
+            started_at,
+            finished_at: Timestamp::now(),
+            container_id,
+        };
+        tracing::info!(container = %key, code, "container exited");
+        let restart = match policy.as_str() {
+            "Never" => false,
+            "OnFailure" => code != 0,
+            _ => true,
+        };
+        if !restart {
+            record.phase = ContainerPhase::Terminated(termination);
+            s.send(&record).await;
+            s.stop.cancelled().await;
+            return;
+        }
+        crashes = backoff.next_crash_count(crashes, started.elapsed());
+        let delay = backoff.delay(crashes);
+        record.last_termination = Some(termination);
+        record.phase = ContainerPhase::Waiting {
+            reason: "CrashLoopBackOff".to_owned(),
+            message: Some(format!(
+                "back-off {} restarting failed container={} pod={}",
+                format_delay(delay),
+                s.container.name,
+                s.pod.metadata.name.as_deref().unwrap_or_default()
+            )),
+        };
+        s.send(&record).await;
+        if s.pause(delay).await {
+            return;
+        }
+        record.restart_count += 1;
+    }
+}
+
+fn format_delay(delay: Duration) -> String {
+    let secs = delay.as_secs();
+    if secs >= 60 {
+        format!("{}m{}s", secs / 60, secs % 60)
+    } else if secs > 0 {
+        format!("{secs}s")
+    } else {
+        format!("{}ms", delay.as_millis())
+    }
+}
+
+/// The log file of a container run, as the agent writes it (for the kubelet endpoint).
+pub fn log_file(state_dir: &Path, pod: &Pod, container: &str, restart: i32) -> PathBuf {
+    let meta = &pod.metadata;
+    state_dir
+        .join("pods")
+        .join(format!(
+            "{}_{}_{}",
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.name.as_deref().unwrap_or_default(),
+            meta.uid.as_deref().unwrap_or_default()
+        ))
+        .join(container)
+        .join(format!("{restart}.log"))
+}

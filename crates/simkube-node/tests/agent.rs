@@ -1,0 +1,455 @@
+//! The node agent against a real simkube API server, with pods as real processes in real
+//! network namespaces (root; skipped with a printed reason only when not root and CI is unset).
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Api;
+use kube::api::{DeleteParams, PostParams};
+use serde_json::json;
+use simkube_node::backoff::Backoff;
+use simkube_node::images::ImageTable;
+use simkube_node::node_status::NodeIdentity;
+use simkube_node::{Agent, AgentConfig, sandbox};
+use tether_testkit::{Netns, patience, require_root_or_skip};
+use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+use tokio_util::sync::CancellationToken;
+
+static SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// One simulated node: its namespace (where the API server, the agent and the test client run),
+/// the agent's sandbox prefix, and a guard removing leftover sandboxes even after a panic.
+struct Fixture {
+    netns: Netns,
+    node: String,
+    prefix: String,
+    state: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new(label: &str) -> Self {
+        let netns = Netns::new(label).expect("node namespace");
+        // The node's InternalIP; on `lo` because this kernel may lack the dummy link type.
+        netns
+            .ip(&["addr", "add", "198.18.0.10/32", "dev", "lo"])
+            .expect("node address");
+        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+        let node = format!("node-{seq}");
+        // Sandbox names carry this process's PID in the testkit's format, so the testkit's sweep
+        // also removes them if this run is killed.
+        let prefix = format!("tt{}-sk{seq}-", std::process::id());
+        Self {
+            netns,
+            node,
+            prefix,
+            state: tempfile::tempdir().expect("state dir"),
+        }
+    }
+
+    fn config(&self, backoff: Backoff) -> AgentConfig {
+        let identity = NodeIdentity {
+            name: self.node.clone(),
+            pod_cidr: "10.244.7.0/24".parse().expect("cidr"),
+            internal_ip: "198.18.0.10".parse().expect("ip"),
+            kubelet_port: 10250,
+            cpu: "2".into(),
+            memory: "4Gi".into(),
+            max_pods: 20,
+            labels: Default::default(),
+        };
+        let images = ImageTable::new(env!("CARGO_BIN_EXE_simkube-node"));
+        let mut config = AgentConfig::new(identity, images, self.state.path().to_owned());
+        config.backoff = backoff;
+        config.lease_renew = Duration::from_millis(300);
+        config.netns_prefix = self.prefix.clone();
+        config.shutdown_grace = Duration::from_millis(500);
+        config
+    }
+
+    /// Runs `body` with a fresh cluster and a running agent, all inside the node namespace.
+    fn run<F, Fut>(&self, backoff: Backoff, body: F)
+    where
+        F: FnOnce(kube::Client, String) -> Fut + Send,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let config = self.config(backoff);
+        let node = self.node.clone();
+        self.netns.run_async(|| async move {
+            let cluster = simkube::Cluster::builder().start().await.expect("cluster");
+            let client = cluster.client();
+            let agent = Agent::new(client.clone(), config).expect("agent");
+            let shutdown = CancellationToken::new();
+            let handle = tokio::spawn(agent.run(shutdown.clone()));
+            body(client, node).await;
+            shutdown.cancel();
+            handle.await.expect("agent task").expect("agent ran");
+            cluster.shutdown().await;
+        });
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        for (netns, _) in sandbox::list(&self.prefix) {
+            eprintln!("removing leftover sandbox {netns}");
+            let _ = std::process::Command::new("ip")
+                .args(["netns", "del", &netns])
+                .status();
+        }
+    }
+}
+
+fn fast_backoff() -> Backoff {
+    Backoff {
+        initial: Duration::from_millis(300),
+        max: Duration::from_secs(2),
+        reset_after: Duration::from_secs(60),
+    }
+}
+
+fn pod(name: &str, node: &str, image: &str, args: &[&str], restart: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{
+                "name": "main", "image": image, "args": args,
+                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+            }]
+        }
+    }))
+    .expect("pod")
+}
+
+/// Polls `get` until `check` accepts the pod; panics with the last pod seen after `timeout`.
+async fn wait_pod(
+    api: &Api<Pod>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    check: impl Fn(&Pod) -> bool,
+) -> Pod {
+    let deadline = Instant::now() + patience(timeout);
+    loop {
+        let pod = api.get_opt(name).await.expect("get pod");
+        if let Some(pod) = &pod {
+            if check(pod) {
+                return pod.clone();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "pod {name}: {what} not reached; last status: {}",
+            serde_json::to_string_pretty(&pod.and_then(|p| p.status)).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn container_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
+    pod.status.as_ref()?.container_statuses.as_ref()?.first()
+}
+
+fn waiting_reason(pod: &Pod) -> Option<String> {
+    container_status(pod)?
+        .state
+        .as_ref()?
+        .waiting
+        .as_ref()?
+        .reason
+        .clone()
+}
+
+fn netns_exists(name: &str) -> bool {
+    PathBuf::from(sandbox::NETNS_DIR).join(name).exists()
+}
+
+#[test]
+fn node_registers_ready_and_renews_its_lease() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-lease");
+    fixture.run(fast_backoff(), |client, node| async move {
+        let nodes: Api<Node> = Api::all(client.clone());
+        let leases: Api<Lease> = Api::namespaced(client, "kube-node-lease");
+        let deadline = Instant::now() + patience(Duration::from_secs(10));
+        let first = loop {
+            if let Some(lease) = leases.get_opt(&node).await.expect("get lease") {
+                break lease;
+            }
+            assert!(Instant::now() < deadline, "no lease for {node}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let n = nodes.get(&node).await.expect("node registered");
+        assert_eq!(
+            n.spec.and_then(|s| s.pod_cidr).as_deref(),
+            Some("10.244.7.0/24")
+        );
+        let status = n.status.expect("node status");
+        let ready = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .expect("Ready condition");
+        assert_eq!(ready.status, "True");
+        assert_eq!(
+            status
+                .daemon_endpoints
+                .and_then(|d| d.kubelet_endpoint)
+                .map(|k| k.port),
+            Some(10250)
+        );
+        let renewed = |l: &Lease| l.spec.as_ref().and_then(|s| s.renew_time.clone());
+        let t0 = renewed(&first).expect("renewTime");
+        let deadline = Instant::now() + patience(Duration::from_secs(5));
+        loop {
+            let lease = leases.get(&node).await.expect("lease");
+            if renewed(&lease).is_some_and(|t| t.0 > t0.0) {
+                assert_eq!(
+                    lease.spec.and_then(|s| s.holder_identity).as_deref(),
+                    Some(node.as_str())
+                );
+                break;
+            }
+            assert!(Instant::now() < deadline, "lease of {node} was not renewed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+}
+
+#[test]
+fn echo_pod_runs_answers_and_is_removed_on_delete() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-echo");
+    let prefix = fixture.prefix.clone();
+    fixture.run(fast_backoff(), |client, node| async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let spec = pod(
+            "echo",
+            &node,
+            "simkube.dev/echo:latest",
+            &["--tcp", "7000"],
+            "Always",
+        );
+        let created = pods
+            .create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let uid = created.metadata.uid.expect("uid");
+        let running = wait_pod(
+            &pods,
+            "echo",
+            Duration::from_secs(20),
+            "Running and Ready",
+            |p| {
+                let s = p.status.as_ref();
+                s.and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && container_status(p).is_some_and(|c| c.ready)
+            },
+        )
+        .await;
+        let pod_ip: Ipv4Addr = running
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .expect("podIP")
+            .parse()
+            .expect("IPv4 podIP");
+        assert!(
+            "10.244.7.0/24"
+                .parse::<ipnet::Ipv4Net>()
+                .expect("cidr")
+                .contains(&pod_ip)
+        );
+        let netns = format!("{prefix}{uid}");
+        assert!(
+            netns_exists(&netns),
+            "sandbox {netns} exists while the pod runs"
+        );
+
+        // The echo server may still be binding when the status says Running: retry briefly.
+        let target = SocketAddr::from((pod_ip, 7000));
+        let deadline = Instant::now() + patience(Duration::from_secs(5));
+        let reply = loop {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut stream = tokio::net::TcpStream::connect(target).await?;
+                stream.write_all(b"hello\n").await?;
+                let mut line = String::new();
+                tokio::io::BufReader::new(stream)
+                    .read_line(&mut line)
+                    .await?;
+                Ok::<_, std::io::Error>(line)
+            })
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            match attempt {
+                Ok(line) => break line,
+                Err(e) => assert!(Instant::now() < deadline, "no echo from {target}: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // The node reaches pods from the gateway address, which the pod sees as the peer.
+        assert!(reply.starts_with("pod=echo peer=10.244.7.1:"), "{reply}");
+        assert!(reply.trim_end().ends_with(" hello"), "{reply}");
+
+        let started = Instant::now();
+        pods.delete("echo", &DeleteParams::default())
+            .await
+            .expect("delete");
+        let deadline = Instant::now() + patience(Duration::from_secs(15));
+        while pods.get_opt("echo").await.expect("get").is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "pod was not removed after its grace period"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // SIGTERM ends the echo server at once: no need to wait for the 2 s grace period.
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !netns_exists(&netns),
+            "sandbox {netns} removed with the pod"
+        );
+        let refused = tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(target),
+        )
+        .await;
+        assert!(
+            !matches!(refused, Ok(Ok(_))),
+            "nothing answers at {target} any more"
+        );
+    });
+}
+
+#[test]
+fn crashing_container_restarts_with_back_off() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-crash");
+    fixture.run(fast_backoff(), |client, node| async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let spec = pod(
+            "crasher",
+            &node,
+            "simkube.dev/sleeper",
+            &["--seconds", "0", "--exit-code", "3"],
+            "Always",
+        );
+        pods.create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let started = Instant::now();
+        let looping = wait_pod(
+            &pods,
+            "crasher",
+            Duration::from_secs(20),
+            "restartCount 3",
+            |p| container_status(p).is_some_and(|c| c.restart_count >= 3),
+        )
+        .await;
+        // Back-off 300 ms, 600 ms, 1.2 s before the third restart.
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(2100),
+            "restarted too fast: {elapsed:?}"
+        );
+        let status = container_status(&looping).expect("status");
+        let last = status
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("last termination");
+        assert_eq!(last.exit_code, 3);
+        assert_eq!(last.reason.as_deref(), Some("Error"));
+        assert_eq!(
+            looping.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Running")
+        );
+        wait_pod(
+            &pods,
+            "crasher",
+            Duration::from_secs(10),
+            "CrashLoopBackOff",
+            |p| waiting_reason(p).as_deref() == Some("CrashLoopBackOff"),
+        )
+        .await;
+
+        // restartPolicy Never: one run, then Failed with the exit code.
+        let spec = pod(
+            "once",
+            &node,
+            "simkube.dev/sleeper",
+            &["--seconds", "0", "--exit-code", "4"],
+            "Never",
+        );
+        pods.create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let failed = wait_pod(&pods, "once", Duration::from_secs(20), "Failed", |p| {
+            p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
+        })
+        .await;
+        let status = container_status(&failed).expect("status");
+        assert_eq!(status.restart_count, 0);
+        let terminated = status
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("terminated");
+        assert_eq!(terminated.exit_code, 4);
+    });
+}
+
+#[test]
+fn unknown_image_is_err_image_pull() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-image");
+    fixture.run(fast_backoff(), |client, node| async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let spec = pod("ghost", &node, "registry.example/ghost:v1", &[], "Always");
+        pods.create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let pending = wait_pod(
+            &pods,
+            "ghost",
+            Duration::from_secs(20),
+            "ErrImagePull",
+            |p| waiting_reason(p).as_deref() == Some("ErrImagePull"),
+        )
+        .await;
+        let status = container_status(&pending).expect("status");
+        let message = status
+            .state
+            .as_ref()
+            .and_then(|s| s.waiting.as_ref())
+            .and_then(|w| w.message.clone())
+            .expect("message");
+        assert!(message.contains("registry.example/ghost:v1"), "{message}");
+        assert!(message.contains("image table"), "{message}");
+        assert_eq!(
+            pending.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Pending")
+        );
+        assert!(!status.ready);
+    });
+}
