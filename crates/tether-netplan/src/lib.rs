@@ -49,9 +49,11 @@
 //! peer's real CIDR — possibly equal to our own — would be delivered to a local pod. An
 //! unreachable route ends the lookup with an error (a rule falls through only when its table
 //! yields no route at all), so the packet is dropped and the sender gets ICMP host unreachable.
-//! The ICMP error quotes the packet as translated (its conntrack entry is never confirmed), so
-//! for a remapped peer it names the peer's real address: unconnected sockets with `IP_RECVERR`
-//! see it, a socket connected to the local view does not and times out as with a blackhole.
+//! For a remapped peer the error comes from the address the sender used, but the header it
+//! quotes keeps the peer's real address (the DNAT is not undone inside it): unconnected sockets
+//! with `IP_RECVERR` see it, a socket connected to the local view does not and times out as it
+//! would with a blackhole. For a peer without a remap the quoted address is the one the sender
+//! used, so connected sockets fail at once too.
 //!
 //! Packets arriving from a tunnel never get a meta mark: the peer's real CIDR may equal our own
 //! pod CIDR, and a mark would send them straight back into the tunnel.
