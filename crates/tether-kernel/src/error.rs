@@ -74,6 +74,15 @@ pub enum KernelError {
         /// Which ownership rule it breaks.
         why: String,
     },
+    /// A route's kind and output interface disagree: unicast routes need one, unreachable and
+    /// blackhole routes have none.
+    #[error("cannot {object}: {why}; fix the plan's route")]
+    InvalidRoute {
+        /// The operation and route.
+        object: String,
+        /// What is inconsistent.
+        why: String,
+    },
 }
 
 impl KernelError {

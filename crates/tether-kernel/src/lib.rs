@@ -8,6 +8,10 @@
 //! protocol tag; the nftables table is replaced atomically through `nft -f -` (see the `nft`
 //! module for why a command), with its fingerprint in the table comment so drift is visible.
 //!
+//! Routes are unicast through a tunnel device or, for the catch-all that ends every peer table,
+//! `RTN_UNREACHABLE` / `RTN_BLACKHOLE` without an output interface; these outlive the device,
+//! so a deleted tunnel leaves its table answering "unreachable" instead of empty.
+//!
 //! [`Plan`]: tether_netplan::Plan
 
 mod error;

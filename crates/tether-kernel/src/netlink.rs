@@ -16,7 +16,7 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
-use tether_netplan::{Address, Route, Rule};
+use tether_netplan::{Address, Route, RouteKind, Rule};
 
 use crate::error::{KernelError, netlink_errno};
 
@@ -92,7 +92,6 @@ pub(crate) async fn owned_routes(
     let mut routes: Vec<Route> = messages
         .iter()
         .filter(|m| u8::from(m.header.protocol) == protocol)
-        .filter(|m| m.header.kind == RouteType::Unicast)
         .filter_map(|m| route_from_message(m, links))
         .filter(|r| (tables.0..=tables.1).contains(&r.table))
         .collect();
@@ -100,11 +99,31 @@ pub(crate) async fn owned_routes(
     Ok(routes)
 }
 
+/// The netplan kind of a kernel route type; `None` for types we never create.
+fn route_kind(kind: RouteType) -> Option<RouteKind> {
+    match kind {
+        RouteType::Unicast => Some(RouteKind::Unicast),
+        RouteType::Unreachable => Some(RouteKind::Unreachable),
+        RouteType::BlackHole => Some(RouteKind::Blackhole),
+        _ => None,
+    }
+}
+
+fn route_type(kind: RouteKind) -> RouteType {
+    match kind {
+        RouteKind::Unicast => RouteType::Unicast,
+        RouteKind::Unreachable => RouteType::Unreachable,
+        RouteKind::Blackhole => RouteType::BlackHole,
+    }
+}
+
 fn route_from_message(message: &RouteMessage, links: &Links) -> Option<Route> {
+    let kind = route_kind(message.header.kind)?;
     let mut table = u32::from(message.header.table);
     let mut dst = Ipv4Addr::UNSPECIFIED;
     let mut dev = None;
     let mut src = None;
+    let mut metric = 0;
     for attribute in &message.attributes {
         match attribute {
             RouteAttribute::Table(t) => table = *t,
@@ -117,30 +136,69 @@ fn route_from_message(message: &RouteMessage, links: &Links) -> Option<Route> {
                 );
             }
             RouteAttribute::PrefSource(RouteAddress::Inet(a)) => src = Some(*a),
+            RouteAttribute::Priority(p) => metric = *p,
             _ => {}
         }
     }
     let dst = Ipv4Net::new(dst, message.header.destination_prefix_length).ok()?;
+    // A unicast route without an output interface (a gateway or multipath route) is nothing we
+    // create; the kernel reports the loopback device on unreachable routes, which we drop.
+    let dev = match kind {
+        RouteKind::Unicast => Some(dev?),
+        RouteKind::Unreachable | RouteKind::Blackhole => None,
+    };
     Some(Route {
         table,
         dst,
-        dev: dev?,
+        kind,
+        dev,
         src,
+        metric,
     })
 }
 
-fn route_message(route: &Route, index: u32, protocol: u8) -> RouteMessage {
+/// The netlink message for `route`; `index` is its output interface (unicast routes only).
+fn route_message(route: &Route, index: Option<u32>, protocol: u8) -> RouteMessage {
     let mut builder = RouteMessageBuilder::<Ipv4Addr>::new()
         .destination_prefix(route.dst.network(), route.dst.prefix_len())
-        .output_interface(index)
         .table_id(route.table)
         .protocol(RouteProtocol::from(protocol))
+        .kind(route_type(route.kind));
+    builder = match index {
         // A device route without a gateway reaches hosts on the link (like `ip route add … dev`).
-        .scope(RouteScope::Link);
+        Some(index) => builder.output_interface(index).scope(RouteScope::Link),
+        None => builder.scope(RouteScope::Universe),
+    };
     if let Some(src) = route.src {
         builder = builder.pref_source(src);
     }
+    if route.metric != 0 {
+        builder = builder.priority(route.metric);
+    }
     builder.build()
+}
+
+/// The output interface index of `route`: required for unicast routes, absent otherwise.
+fn route_index(
+    links: &Links,
+    route: &Route,
+    object: impl Fn() -> String,
+) -> Result<Option<u32>, KernelError> {
+    match (&route.kind, &route.dev) {
+        (RouteKind::Unicast, Some(dev)) => links.require(dev, object).map(Some),
+        (RouteKind::Unicast, None) => Err(KernelError::InvalidRoute {
+            object: object(),
+            why: "a unicast route needs an output interface".to_owned(),
+        }),
+        (_, None) => Ok(None),
+        (_, Some(dev)) => Err(KernelError::InvalidRoute {
+            object: object(),
+            why: format!(
+                "an {} route has no output interface, got {dev}",
+                route.kind.keyword()
+            ),
+        }),
+    }
 }
 
 pub(crate) async fn add_route(
@@ -150,7 +208,7 @@ pub(crate) async fn add_route(
     protocol: u8,
 ) -> Result<(), KernelError> {
     let object = || format!("add route {route}");
-    let index = links.require(&route.dev, object)?;
+    let index = route_index(links, route, object)?;
     handle
         .route()
         .add(route_message(route, index, protocol))
@@ -167,9 +225,12 @@ pub(crate) async fn del_route(
 ) -> Result<(), KernelError> {
     let object = || format!("delete route {route}");
     // Without the device the kernel removed the route together with it: nothing left to do.
-    let Some(index) = links.index(&route.dev) else {
+    if let Some(dev) = &route.dev
+        && links.index(dev).is_none()
+    {
         return Ok(());
-    };
+    }
+    let index = route_index(links, route, object)?;
     match handle
         .route()
         .del(route_message(route, index, protocol))
@@ -403,14 +464,61 @@ mod tests {
             let route = Route {
                 table,
                 dst: "10.0.0.0/16".parse().unwrap(),
-                dev: "tether-b".to_owned(),
+                kind: RouteKind::Unicast,
+                dev: Some("tether-b".to_owned()),
                 src: Some("169.254.18.1".parse().unwrap()),
+                metric: 0,
             };
-            let message = route_message(&route, 7, 116);
+            let message = route_message(&route, Some(7), 116);
             assert_eq!(u8::from(message.header.protocol), 116);
             assert_eq!(message.header.scope, RouteScope::Link);
             assert_eq!(route_from_message(&message, &links()), Some(route));
         }
+    }
+
+    #[test]
+    fn catch_all_routes_round_trip_without_an_interface() {
+        for kind in [RouteKind::Unreachable, RouteKind::Blackhole] {
+            let route = Route {
+                table: 7700,
+                dst: Ipv4Net::default(),
+                kind,
+                dev: None,
+                src: None,
+                metric: u32::MAX,
+            };
+            let message = route_message(&route, None, 116);
+            assert_eq!(message.header.kind, route_type(kind));
+            assert_eq!(message.header.scope, RouteScope::Universe);
+            assert!(
+                !message
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, RouteAttribute::Oif(_)))
+            );
+            // The kernel reports the loopback device on such routes; it is not part of them.
+            let mut dumped = message.clone();
+            dumped.attributes.push(RouteAttribute::Oif(7));
+            assert_eq!(route_from_message(&dumped, &links()), Some(route));
+        }
+    }
+
+    #[test]
+    fn kind_and_interface_must_agree() {
+        let mut route = Route {
+            table: 7700,
+            dst: Ipv4Net::default(),
+            kind: RouteKind::Unreachable,
+            dev: Some("tether-b".to_owned()),
+            src: None,
+            metric: 0,
+        };
+        let error = route_index(&links(), &route, || "add route".to_owned()).unwrap_err();
+        assert!(error.to_string().contains("unreachable"), "{error}");
+        route.kind = RouteKind::Unicast;
+        assert_eq!(route_index(&links(), &route, String::new).unwrap(), Some(7));
+        route.dev = None;
+        assert!(route_index(&links(), &route, String::new).is_err());
     }
 
     #[test]

@@ -144,14 +144,19 @@ fn reconcile_applies_the_plan_once_and_restarts_create_no_duplicates() {
             .any(|r| r.contains("fwmark 0x7701/0xffff lookup 7701")),
         "{rules:#?}"
     );
+    // The tunnel route, and the catch-all that keeps the marked lookup in this table.
     let table_b = routes_in(&ns, "7700");
-    assert_eq!(table_b.len(), 1, "{table_b:#?}");
+    assert_eq!(table_b.len(), 2, "{table_b:#?}");
     assert!(
-        table_b[0].starts_with("10.0.0.0/16 dev tether-b proto 116"),
+        table_b[0].starts_with("unreachable default proto 116 metric 4294967295"),
         "{table_b:#?}"
     );
-    assert!(table_b[0].contains("src 169.254.18.1"), "{table_b:#?}");
-    assert_eq!(routes_in(&ns, "7701").len(), 1);
+    assert!(
+        table_b[1].starts_with("10.0.0.0/16 dev tether-b proto 116"),
+        "{table_b:#?}"
+    );
+    assert!(table_b[1].contains("src 169.254.18.1"), "{table_b:#?}");
+    assert_eq!(routes_in(&ns, "7701").len(), 2);
     let addrs = ns.ip(&["-4", "addr", "show", "dev", "tether-b"]).unwrap();
     assert!(addrs.contains("inet 169.254.18.1/30"), "{addrs}");
     let table = nft_table(&ns, "tether").expect("our nft table exists");
@@ -402,7 +407,7 @@ fn a_changed_plan_removes_what_it_no_longer_wants() {
         ));
         assert!(has_op(
             &report,
-            |op| matches!(op, Op::DelRoute(r) if r.dev == "tether-c")
+            |op| matches!(op, Op::DelRoute(r) if r.dev.as_deref() == Some("tether-c"))
         ));
         assert!(has_op(
             &report,
@@ -434,7 +439,7 @@ fn a_failing_route_is_named_and_retried() {
             report.failed.iter().any(|f| matches!(
                 (&f.op, &f.error),
                 (Op::AddRoute(r), KernelError::NoSuchLink { interface, .. })
-                    if r.dev == "tether-c" && interface == "tether-c"
+                    if r.dev.as_deref() == Some("tether-c") && interface == "tether-c"
             )),
             "{failed:#?}"
         );
@@ -447,7 +452,7 @@ fn a_failing_route_is_named_and_retried() {
         // Peer b is not held back by peer c's missing device.
         assert!(has_op(
             &report,
-            |op| matches!(op, Op::AddRoute(r) if r.dev == "tether-b")
+            |op| matches!(op, Op::AddRoute(r) if r.dev.as_deref() == Some("tether-b"))
         ));
         assert!(has_op(&report, |op| matches!(op, Op::ReplaceRuleset(_))));
 
@@ -462,11 +467,46 @@ fn a_failing_route_is_named_and_retried() {
         );
         assert!(has_op(
             &retry,
-            |op| matches!(op, Op::AddRoute(r) if r.dev == "tether-c")
+            |op| matches!(op, Op::AddRoute(r) if r.dev.as_deref() == Some("tether-c"))
         ));
         assert!(kernel.reconcile(&desired).await.unwrap().is_noop());
+
+        // The device goes away again: the kernel drops its route, the catch-all stays, and
+        // reconciling neither duplicates it nor deletes it, only retries the device route.
+        ns.ip(&["link", "del", "tether-c"]).unwrap();
+        let table_c = routes_in(&ns, "7701");
+        assert_eq!(table_c.len(), 1, "{table_c:#?}");
+        assert!(
+            table_c[0].starts_with("unreachable default"),
+            "{table_c:#?}"
+        );
+        let report = kernel.reconcile(&desired).await.unwrap();
+        assert!(report.applied.is_empty(), "{:?}", report.applied);
+        // Only tether-c's own objects fail: its route, address and rp_filter sysctl.
+        assert!(
+            report
+                .failed
+                .iter()
+                .all(|f| f.op.to_string().contains("tether-c")),
+            "{:#?}",
+            report.failed
+        );
+        assert!(
+            report
+                .failed
+                .iter()
+                .any(|f| matches!(&f.op, Op::AddRoute(r) if r.dev.as_deref() == Some("tether-c"))),
+            "{:#?}",
+            report.failed
+        );
+        assert_eq!(routes_in(&ns, "7701"), table_c);
+        ns.ip(&["tuntap", "add", "dev", "tether-c", "mode", "tun"])
+            .unwrap();
+        ns.ip(&["link", "set", "tether-c", "up"]).unwrap();
+        assert_clean(&kernel.reconcile(&desired).await.unwrap());
+        assert!(kernel.reconcile(&desired).await.unwrap().is_noop());
     });
-    assert_eq!(routes_in(&ns, "7701").len(), 1);
+    assert_eq!(routes_in(&ns, "7701").len(), 2);
 }
 
 #[test]
@@ -509,7 +549,8 @@ fn teardown_after_restart_removes_everything_and_is_idempotent() {
         let deleted = |pred: fn(&Op) -> bool| report.applied.iter().filter(|op| pred(op)).count();
         assert_eq!(deleted(|op| matches!(op, Op::DeleteRuleset(_))), 1);
         assert_eq!(deleted(|op| matches!(op, Op::DelRule(_))), 2);
-        assert_eq!(deleted(|op| matches!(op, Op::DelRoute(_))), 2);
+        // A tunnel route and a catch-all per peer.
+        assert_eq!(deleted(|op| matches!(op, Op::DelRoute(_))), 4);
         assert_eq!(deleted(|op| matches!(op, Op::DelAddress(_))), 2);
         let observed = fresh.observe(None).await.unwrap();
         assert_eq!(observed, tether_netplan::Observed::default());
