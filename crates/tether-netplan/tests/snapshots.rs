@@ -5,7 +5,9 @@ mod fixtures;
 
 use expect_test::{Expect, expect};
 use fixtures::{gateway, net, peer, scenarios};
-use tether_netplan::{CidrMapping, GatewayInput, IpMapping, LocalNetworks, PeerInput, plan};
+use tether_netplan::{
+    CidrMapping, GatewayInput, IpMapping, LocalNetworks, PeerInput, Route, RouteKind, plan,
+};
 
 fn addr(text: &str) -> std::net::Ipv4Addr {
     text.parse().expect("address literal")
@@ -613,4 +615,37 @@ fn sysctl_keys_keep_dots_of_interface_names() {
         .expect("pod interface sysctl");
     assert_eq!(pod_sysctl.key, "net/ipv4/conf/eth0.100/rp_filter");
     assert_eq!(pod_sysctl.to_string(), "net.ipv4.conf.eth0/100.rp_filter=2");
+}
+
+#[test]
+fn routes_print_in_ip_route_syntax_for_every_kind() {
+    let unicast = Route {
+        table: 7700,
+        dst: net("10.0.0.0/16"),
+        kind: RouteKind::Unicast,
+        dev: Some("tether-b".to_owned()),
+        src: Some(addr("169.254.18.1")),
+        metric: 0,
+    };
+    let catch_all = |kind| Route {
+        table: 7700,
+        dst: net("0.0.0.0/0"),
+        kind,
+        dev: None,
+        src: None,
+        metric: tether_netplan::CATCH_ALL_METRIC,
+    };
+    let text: Vec<String> = [
+        unicast,
+        catch_all(RouteKind::Unreachable),
+        catch_all(RouteKind::Blackhole),
+    ]
+    .iter()
+    .map(ToString::to_string)
+    .collect();
+    expect![[r#"
+        10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
+        unreachable default table 7700 metric 4294967295
+        blackhole default table 7700 metric 4294967295"#]]
+    .assert_eq(&text.join("\n"));
 }
