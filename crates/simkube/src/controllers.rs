@@ -12,6 +12,7 @@ pub mod gc;
 pub mod namespace;
 pub mod scheduler;
 pub mod service_accounts;
+pub mod workloads;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,8 @@ pub struct Controllers {
     pub csr_signer: bool,
     /// Binds pending pods to nodes (filters, least-allocated scoring, `FailedScheduling`).
     pub scheduler: bool,
+    /// Keeps ReplicaSets' pod counts and rolls Deployments.
+    pub workloads: bool,
 }
 
 impl Controllers {
@@ -52,6 +55,7 @@ impl Controllers {
             service_accounts: true,
             csr_signer: true,
             scheduler: true,
+            workloads: true,
         }
     }
 
@@ -67,6 +71,7 @@ impl Controllers {
             || self.service_accounts
             || self.csr_signer
             || self.scheduler
+            || self.workloads
     }
 }
 
@@ -84,6 +89,16 @@ pub fn spawn(
     let mut tasks = Vec::new();
     if controllers.scheduler {
         tasks.push(tokio::spawn(scheduler::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if controllers.workloads {
+        tasks.push(tokio::spawn(workloads::replicaset::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(workloads::deployment::run(
             client.clone(),
             shutdown.clone(),
         )));

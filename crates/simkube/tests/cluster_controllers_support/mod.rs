@@ -36,6 +36,10 @@ where
 
 /// A cluster running every built-in controller, and an admin client.
 pub(crate) async fn cluster() -> (simkube::Cluster, Client) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let cluster = simkube::Cluster::builder()
         .controllers(Controllers::all())
         .start()
@@ -143,4 +147,64 @@ pub(crate) async fn set_pod_ready(
     pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
         .expect("pod status");
+}
+
+/// A stand-in for the kubelets of the fake nodes: marks bound pods Running and Ready (with a
+/// pod IP) `ready_after` they were first seen bound, and completes the deletion of
+/// terminating pods. Stops when dropped.
+pub(crate) struct FakeKubelet(tokio::task::JoinHandle<()>);
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts a [`FakeKubelet`].
+pub(crate) fn fake_kubelet(client: Client, ready_after: Duration) -> FakeKubelet {
+    FakeKubelet(tokio::spawn(async move {
+        let pods: Api<Pod> = Api::all(client.clone());
+        let mut seen: std::collections::HashMap<String, tokio::time::Instant> =
+            std::collections::HashMap::new();
+        let mut next_ip = 2u32;
+        loop {
+            let list = pods
+                .list(&kube::api::ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default();
+            for pod in list {
+                let ns = pod.namespace().unwrap_or_default();
+                let name = pod.name_any();
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+                if pod.metadata.deletion_timestamp.is_some() {
+                    let dp = kube::api::DeleteParams {
+                        grace_period_seconds: Some(0),
+                        preconditions: Some(kube::api::Preconditions {
+                            uid: Some(uid),
+                            resource_version: None,
+                        }),
+                        ..kube::api::DeleteParams::default()
+                    };
+                    let _ = api.delete(&name, &dp).await;
+                    continue;
+                }
+                let running =
+                    pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+                if node_of(&pod).is_none() || running {
+                    continue;
+                }
+                let first = *seen.entry(uid).or_insert_with(tokio::time::Instant::now);
+                if first.elapsed() >= ready_after {
+                    let ip = std::net::Ipv4Addr::from(
+                        u32::from(std::net::Ipv4Addr::new(10, 244, 0, 0)) + next_ip,
+                    );
+                    next_ip += 1;
+                    set_pod_ready(&client, &ns, &name, &ip.to_string(), true).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }))
 }
