@@ -557,3 +557,58 @@ fn timer_loop(s: &Shared) {
             .tick(&mut out, Instant::now(), |to, b| send_one(s, to, b));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([198, 18, 0, 2], port))
+    }
+
+    #[test]
+    fn gso_trains_follow_the_kernel_rules() {
+        let mut g = Gso::empty_at(0);
+        assert!(g.accepts(addr(1), 1452, 64));
+        g.push(addr(1), 1452);
+        assert!(g.accepts(addr(1), 1452, 64), "equal sizes join");
+        assert!(
+            !g.accepts(addr(2), 1452, 64),
+            "another destination starts a new train"
+        );
+        assert!(
+            !g.accepts(addr(1), 1500, 64),
+            "a bigger datagram cannot follow"
+        );
+        g.push(addr(1), 100);
+        assert!(
+            !g.accepts(addr(1), 100, 64),
+            "a shorter datagram ends the train"
+        );
+        assert_eq!((g.start, g.end, g.count, g.segment), (0, 1552, 2, 1452));
+    }
+
+    #[test]
+    fn gso_trains_stay_below_64_kib_and_the_segment_limit() {
+        let mut g = Gso::empty_at(0);
+        let mut n = 0;
+        while g.accepts(addr(1), 1452, 64) {
+            g.push(addr(1), 1452);
+            n += 1;
+        }
+        assert_eq!(
+            n,
+            MAX_GSO_BYTES / 1452,
+            "a 1420-MTU train holds 45 datagrams, not 64"
+        );
+        assert!(g.end - g.start <= MAX_GSO_BYTES);
+        let mut g = Gso::empty_at(0);
+        for _ in 0..4 {
+            g.push(addr(1), 100);
+        }
+        assert!(
+            !g.accepts(addr(1), 100, 4),
+            "the socket's segment limit is honoured"
+        );
+    }
+}
