@@ -25,6 +25,7 @@ use crate::env::{self, Sources};
 use crate::error::Error;
 use crate::images::ImageTable;
 use crate::ipam::PodIpAllocator;
+use crate::kubelet::{self, LiveLogs};
 use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
 use crate::process::{ContainerProcess, Launch};
@@ -56,6 +57,9 @@ pub struct AgentConfig {
     pub pod_api_port: u16,
     /// Time a container that stops gets when the agent shuts down.
     pub shutdown_grace: Duration,
+    /// Where the kubelet endpoint listens (`None`: not served); default: InternalIP and the
+    /// kubelet port.
+    pub kubelet_listen: Option<std::net::SocketAddr>,
     /// Names of sandbox namespaces start with this (default `sk-<node>-`); every namespace with
     /// this prefix belongs to this agent and is removed when it starts.
     pub netns_prefix: String,
@@ -67,6 +71,10 @@ impl AgentConfig {
         let pod_api_host = identity.internal_ip.to_string();
         Self {
             netns_prefix: sandbox::netns_prefix(&identity.name),
+            kubelet_listen: Some(std::net::SocketAddr::new(
+                identity.internal_ip,
+                identity.kubelet_port,
+            )),
             identity,
             images,
             backoff: Backoff::default(),
@@ -85,6 +93,7 @@ struct Ctx {
     client: Client,
     config: AgentConfig,
     ipam: Mutex<PodIpAllocator>,
+    live_logs: LiveLogs,
 }
 
 impl Ctx {
@@ -135,6 +144,7 @@ impl Agent {
                 client,
                 config,
                 ipam: Mutex::new(ipam),
+                live_logs: LiveLogs::default(),
             }),
         })
     }
@@ -154,6 +164,26 @@ impl Agent {
             tracing::info!(%netns, "removing the sandbox of a previous agent run");
             sandbox::remove(&sandbox::names(prefix, &uid)).await?;
         }
+        let kubelet_server = match ctx.config.kubelet_listen {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| Error::Io {
+                        action: format!("listen on {addr} for the kubelet endpoint"),
+                        source,
+                    })?;
+                let tls = kubelet::tls_config(ctx.node(), addr.ip())
+                    .map_err(|e| Error::Config(e.to_string()))?;
+                let router = kubelet::router(ctx.config.state_dir.clone(), ctx.live_logs.clone());
+                Some(tokio::spawn(kubelet::serve(
+                    listener,
+                    router,
+                    tls,
+                    shutdown.clone(),
+                )))
+            }
+            None => None,
+        };
         register(&ctx).await?;
         tracing::info!(node = %ctx.node(), "node registered");
         let heartbeat = tokio::spawn(heartbeat(ctx.clone(), shutdown.clone()));
@@ -218,6 +248,9 @@ impl Agent {
         shutdown.cancel();
         while tasks.join_next().await.is_some() {}
         let _ = heartbeat.await;
+        if let Some(server) = kubelet_server {
+            let _ = server.await;
+        }
         tracing::info!(node = %ctx.node(), "node agent stopped");
         Ok(())
     }
@@ -327,8 +360,16 @@ async fn pod_worker(
     let key = pod_key(&pod);
     let names = sandbox::names(&ctx.config.netns_prefix, &uid);
     let mut reporter = Reporter::new(&ctx, &pod);
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
     let ending = if pod.metadata.deletion_timestamp.is_some() {
         Ending::Deleted(grace_of(&pod))
+    } else if matches!(phase, Some("Succeeded" | "Failed")) {
+        // A finished pod never runs again (an agent restart must not revive it); it only
+        // waits for its deletion.
+        tokio::select! {
+            () = shutdown.cancelled() => Ending::Shutdown,
+            end = async { loop { if let Some(end) = next_msg(&mut rx).await { break end } } } => end,
+        }
     } else {
         run_pod(&ctx, &uid, &pod, &names, &mut rx, &mut reporter, &shutdown).await
     };
@@ -352,6 +393,12 @@ async fn pod_worker(
             }),
             ..DeleteParams::default()
         };
+        let logs = log_dir(&ctx.config.state_dir, &pod);
+        if let Err(error) = std::fs::remove_dir_all(&logs)
+            && error.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(pod = %key, %error, "cannot remove the pod's logs");
+        }
         match pods
             .delete(pod.metadata.name.as_deref().unwrap_or_default(), &params)
             .await
@@ -520,7 +567,14 @@ impl Reporter {
         if self.last.as_ref() == Some(&status) {
             return;
         }
-        let patch = Patch::Merge(json!({ "status": status }));
+        let mut body = json!({ "status": status });
+        // A merge patch keeps fields it does not mention: clear a past sandbox error explicitly.
+        if let Some(fields) = body["status"].as_object_mut() {
+            for field in ["reason", "message"] {
+                fields.entry(field).or_insert(serde_json::Value::Null);
+            }
+        }
+        let patch = Patch::Merge(body);
         match self
             .api
             .patch_status(&self.name, &PatchParams::default(), &patch)
@@ -686,14 +740,23 @@ async fn supervise(s: Supervisor) {
         let working_dir = PathBuf::from(s.container.working_dir.as_deref().unwrap_or("/"));
         let started_at = Timestamp::now();
         let started = Instant::now();
-        let spawned = s.log_path(record.restart_count).and_then(|log| {
-            ContainerProcess::spawn(&Launch {
-                argv: &argv,
-                env: &vars,
-                working_dir: &working_dir,
-                netns: &s.netns,
-                log: &log,
-            })
+        let log = s.log_path(record.restart_count);
+        let spawned = log
+            .as_ref()
+            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
+            .and_then(|log| {
+                s.ctx.live_logs.insert(log.clone());
+                ContainerProcess::spawn(&Launch {
+                    argv: &argv,
+                    env: &vars,
+                    working_dir: &working_dir,
+                    netns: &s.netns,
+                    log,
+                })
+            });
+        let live = log.ok().map(|path| LiveGuard {
+            logs: s.ctx.live_logs.clone(),
+            path,
         });
         record.container_id = Some(container_id.clone());
         let exit = match spawned {
@@ -716,6 +779,7 @@ async fn supervise(s: Supervisor) {
                 Err(error)
             }
         };
+        drop(live);
         let (code, signal, reason) = match exit {
             Ok(e) if e.code == 0 => (0, None, "Completed"),
             Ok(e) => (e.code, e.signal, "Error"),
@@ -761,6 +825,18 @@ async fn supervise(s: Supervisor) {
     }
 }
 
+/// Unmarks a log file as live when its container run ends, however it ends.
+struct LiveGuard {
+    logs: LiveLogs,
+    path: PathBuf,
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.logs.remove(&self.path);
+    }
+}
+
 fn format_delay(delay: Duration) -> String {
     let secs = delay.as_secs();
     if secs >= 60 {
@@ -772,17 +848,20 @@ fn format_delay(delay: Duration) -> String {
     }
 }
 
-/// The log file of a container run, as the agent writes it (for the kubelet endpoint).
-pub fn log_file(state_dir: &Path, pod: &Pod, container: &str, restart: i32) -> PathBuf {
+/// The directory of a pod's container logs: `<state>/pods/<namespace>_<name>_<uid>`.
+pub fn log_dir(state_dir: &Path, pod: &Pod) -> PathBuf {
     let meta = &pod.metadata;
-    state_dir
-        .join("pods")
-        .join(format!(
-            "{}_{}_{}",
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.name.as_deref().unwrap_or_default(),
-            meta.uid.as_deref().unwrap_or_default()
-        ))
+    state_dir.join("pods").join(format!(
+        "{}_{}_{}",
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
+        meta.uid.as_deref().unwrap_or_default()
+    ))
+}
+
+/// The log file of one container run: `<log_dir>/<container>/<restart>.log`.
+pub fn log_file(state_dir: &Path, pod: &Pod, container: &str, restart: i32) -> PathBuf {
+    log_dir(state_dir, pod)
         .join(container)
         .join(format!("{restart}.log"))
 }

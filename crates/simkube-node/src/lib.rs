@@ -12,6 +12,7 @@ pub mod env;
 mod error;
 pub mod images;
 pub mod ipam;
+pub mod kubelet;
 pub mod node_status;
 pub mod pod_status;
 pub mod process;

@@ -6,10 +6,11 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use futures::{AsyncBufReadExt as _, TryStreamExt as _};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, LogParams, PostParams};
 use serde_json::json;
 use simkube_node::backoff::Backoff;
 use simkube_node::images::ImageTable;
@@ -303,6 +304,43 @@ fn echo_pod_runs_answers_and_is_removed_on_delete() {
         assert!(reply.starts_with("pod=echo peer=10.244.7.1:"), "{reply}");
         assert!(reply.trim_end().ends_with(" hello"), "{reply}");
 
+        // Logs come through the API server's kubelet proxy from the agent's kubelet endpoint.
+        let logs = pods
+            .logs("echo", &LogParams::default())
+            .await
+            .expect("logs");
+        assert!(
+            logs.starts_with("echo echo serving tcp 0.0.0.0:7000"),
+            "{logs}"
+        );
+        assert!(logs.contains("tcp connection from 10.244.7.1:"), "{logs}");
+        let follow = LogParams {
+            follow: true,
+            tail_lines: Some(1),
+            ..LogParams::default()
+        };
+        let mut lines = pods
+            .log_stream("echo", &follow)
+            .await
+            .expect("follow")
+            .lines();
+        let first = lines.try_next().await.expect("read").expect("a line");
+        assert!(
+            first.starts_with("tcp connection from"),
+            "tail 1 gives the last line: {first}"
+        );
+        let second = tokio::net::TcpStream::connect(target)
+            .await
+            .expect("connect again");
+        let local = second.local_addr().expect("local addr");
+        let next = tokio::time::timeout(patience(Duration::from_secs(5)), lines.try_next())
+            .await
+            .expect("followed line in time")
+            .expect("read")
+            .expect("a line");
+        assert_eq!(next, format!("tcp connection from {local}"));
+        drop(second);
+
         let started = Instant::now();
         pods.delete("echo", &DeleteParams::default())
             .await
@@ -324,6 +362,12 @@ fn echo_pod_runs_answers_and_is_removed_on_delete() {
         assert!(
             !netns_exists(&netns),
             "sandbox {netns} removed with the pod"
+        );
+        // The followed stream ends with the container.
+        let end = tokio::time::timeout(patience(Duration::from_secs(5)), lines.try_next()).await;
+        assert!(
+            matches!(end, Ok(Ok(None)) | Ok(Err(_))),
+            "follow ended: {end:?}"
         );
         let refused = tokio::time::timeout(
             Duration::from_millis(300),
@@ -382,6 +426,15 @@ fn crashing_container_restarts_with_back_off() {
             looping.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Running")
         );
+        let previous = LogParams {
+            previous: true,
+            ..LogParams::default()
+        };
+        let logs = pods
+            .logs("crasher", &previous)
+            .await
+            .expect("previous logs");
+        assert!(logs.starts_with("sleeper crasher sleeping"), "{logs}");
         wait_pod(
             &pods,
             "crasher",
