@@ -8,6 +8,7 @@
 //! decisions they take are pure functions (in the submodules), table-tested without a server.
 
 pub mod csr;
+pub mod endpointslices;
 pub mod gc;
 pub mod namespace;
 pub mod scheduler;
@@ -44,6 +45,8 @@ pub struct Controllers {
     pub scheduler: bool,
     /// Keeps ReplicaSets' pod counts and rolls Deployments.
     pub workloads: bool,
+    /// Keeps EndpointSlices (and legacy Endpoints) of Services with a selector.
+    pub endpoint_slices: bool,
 }
 
 impl Controllers {
@@ -56,6 +59,7 @@ impl Controllers {
             csr_signer: true,
             scheduler: true,
             workloads: true,
+            endpoint_slices: true,
         }
     }
 
@@ -72,6 +76,7 @@ impl Controllers {
             || self.csr_signer
             || self.scheduler
             || self.workloads
+            || self.endpoint_slices
     }
 }
 
@@ -99,6 +104,12 @@ pub fn spawn(
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(workloads::deployment::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if controllers.endpoint_slices {
+        tasks.push(tokio::spawn(endpointslices::run(
             client.clone(),
             shutdown.clone(),
         )));
