@@ -2,7 +2,7 @@
 //! bound to it, and run one worker per pod (sandbox, container supervisors, status, deletion).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -30,6 +30,10 @@ use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
 use crate::process::{ContainerProcess, Launch};
 use crate::sandbox::{self, SandboxNames};
+
+/// The agent thread's own network namespace (the node's), for host-network containers; opened
+/// by the thread that spawns the container, so it names the node namespace.
+const OWN_NETNS: &str = "/proc/thread-self/ns/net";
 
 /// The field manager of every write the agent makes.
 pub const FIELD_MANAGER: &str = "simkube-node";
@@ -307,6 +311,16 @@ async fn heartbeat(ctx: Arc<Ctx>, shutdown: CancellationToken) {
                     status = Some(s);
                     last_status = Instant::now();
                 }
+                Err(Error::Api {
+                    source: kube::Error::Api(s),
+                    ..
+                }) if s.code == 404 => {
+                    // Someone deleted the Node: register again, as the kubelet does.
+                    tracing::warn!(node = %ctx.node(), "node object deleted; registering again");
+                    if let Err(error) = register(&ctx).await {
+                        tracing::warn!(%error, "cannot register the node again");
+                    }
+                }
                 Err(error) => tracing::warn!(%error, "cannot post node status"),
             }
         }
@@ -420,34 +434,22 @@ async fn run_pod(
     shutdown: &CancellationToken,
 ) -> Ending {
     let key = pod_key(pod);
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
     // The sandbox first: containers need the namespace, and the env needs the pod IP.
-    let pod_ip = loop {
-        let allocated = ctx
-            .ipam
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .allocate(uid);
-        let attempt = match allocated {
-            Ok(ip) => sandbox::create(names, ip, ctx.gateway())
-                .await
-                .map(|()| ip)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match attempt {
-            Ok(ip) => break ip,
-            Err(error) => {
-                tracing::warn!(pod = %key, %error, "cannot create the pod sandbox; retrying");
-                reporter.sandbox_error(&error).await;
-            }
-        }
-        tokio::select! {
-            () = shutdown.cancelled() => return Ending::Shutdown,
-            msg = next_msg(rx) => if let Some(end) = msg { return end },
-            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+    let (pod_ip, netns) = if host_network {
+        // Host-network pods share the node's namespace, which is the agent's own.
+        (ctx.config.identity.internal_ip, PathBuf::from(OWN_NETNS))
+    } else {
+        match create_sandbox(ctx, uid, &key, names, rx, reporter, shutdown).await {
+            Ok(ip) => (IpAddr::V4(ip), names.netns_path()),
+            Err(end) => return end,
         }
     };
-    tracing::info!(pod = %key, %pod_ip, netns = %names.netns, "sandbox ready");
+    tracing::info!(pod = %key, %pod_ip, netns = %netns.display(), "sandbox ready");
     reporter.record.pod_ip = Some(pod_ip);
     reporter.report().await;
 
@@ -466,7 +468,7 @@ async fn run_pod(
             pod: pod.clone(),
             index,
             container,
-            netns: names.netns_path(),
+            netns: netns.clone(),
             pod_ip,
             events: events_tx.clone(),
             stop: stop.clone(),
@@ -495,6 +497,45 @@ async fn run_pod(
     stop.cancel();
     while supervisors.join_next().await.is_some() {}
     ending
+}
+
+/// Allocates the pod's address and creates its sandbox, retrying until it works or the pod
+/// ends.
+async fn create_sandbox(
+    ctx: &Arc<Ctx>,
+    uid: &str,
+    key: &str,
+    names: &SandboxNames,
+    rx: &mut watch::Receiver<PodMsg>,
+    reporter: &mut Reporter,
+    shutdown: &CancellationToken,
+) -> Result<Ipv4Addr, Ending> {
+    loop {
+        let allocated = ctx
+            .ipam
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .allocate(uid);
+        let attempt = match allocated {
+            Ok(ip) => sandbox::create(names, ip, ctx.gateway())
+                .await
+                .map(|()| ip)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match attempt {
+            Ok(ip) => return Ok(ip),
+            Err(error) => {
+                tracing::warn!(pod = %key, %error, "cannot create the pod sandbox; retrying");
+                reporter.sandbox_error(&error).await;
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return Err(Ending::Shutdown),
+            msg = next_msg(rx) => if let Some(end) = msg { return Err(end) },
+            () = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+    }
 }
 
 /// Waits for the next pod update that ends the pod's life; `None` for other updates.
@@ -592,7 +633,7 @@ struct Supervisor {
     index: usize,
     container: Container,
     netns: PathBuf,
-    pod_ip: Ipv4Addr,
+    pod_ip: IpAddr,
     events: mpsc::Sender<(usize, ContainerRecord)>,
     stop: CancellationToken,
     grace: watch::Receiver<Duration>,

@@ -1,6 +1,6 @@
 //! Pod status from the agent's view of its containers (pure: time is passed in).
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -109,7 +109,7 @@ pub struct PodRecord {
     /// `Always`, `OnFailure` or `Never`.
     pub restart_policy: String,
     /// The pod's address once its sandbox exists.
-    pub pod_ip: Option<Ipv4Addr>,
+    pub pod_ip: Option<IpAddr>,
     /// The node's address.
     pub host_ip: String,
     /// When the agent accepted the pod.
@@ -306,7 +306,7 @@ mod tests {
     fn pod(policy: &str, phases: Vec<ContainerPhase>) -> PodRecord {
         PodRecord {
             restart_policy: policy.into(),
-            pod_ip: Some(Ipv4Addr::new(10, 244, 1, 2)),
+            pod_ip: Some(IpAddr::from([10, 244, 1, 2])),
             host_ip: "198.18.0.2".into(),
             start_time: ts("2026-01-01T00:00:00Z"),
             containers: phases

@@ -506,3 +506,59 @@ fn unknown_image_is_err_image_pull() {
         assert!(!status.ready);
     });
 }
+
+#[test]
+fn host_network_pod_shares_the_node_address() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-hostnet");
+    let prefix = fixture.prefix.clone();
+    fixture.run(fast_backoff(), |client, node| async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let mut spec = pod(
+            "hostecho",
+            &node,
+            "simkube.dev/echo",
+            &["--tcp", "7101", "--udp", "7101", "--http", "7102"],
+            "Always",
+        );
+        spec.spec.as_mut().expect("spec").host_network = Some(true);
+        pods.create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let running = wait_pod(&pods, "hostecho", Duration::from_secs(20), "Running", |p| {
+            container_status(p).is_some_and(|c| c.ready)
+        })
+        .await;
+        let status = running.status.expect("status");
+        assert_eq!(status.pod_ip.as_deref(), Some("198.18.0.10"));
+        assert!(
+            sandbox::list(&prefix).is_empty(),
+            "no sandbox for a host-network pod"
+        );
+        // HTTP on the node's own address: the server saw the node address as the peer.
+        let deadline = Instant::now() + patience(Duration::from_secs(5));
+        let body = loop {
+            let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut stream = tokio::net::TcpStream::connect("198.18.0.10:7102").await?;
+                stream
+                    .write_all(b"GET /hello HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+                    .await?;
+                let mut response = String::new();
+                tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut response).await?;
+                Ok::<_, std::io::Error>(response)
+            })
+            .await
+            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            match attempt {
+                Ok(response) => break response,
+                Err(e) => assert!(Instant::now() < deadline, "no HTTP echo: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(body.starts_with("HTTP/1.1 200 OK"), "{body}");
+        assert!(body.contains("pod=hostecho peer=198.18.0.10:"), "{body}");
+        assert!(body.trim_end().ends_with("path=/hello"), "{body}");
+    });
+}
