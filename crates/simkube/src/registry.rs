@@ -452,9 +452,13 @@ impl Registry {
     }
 }
 
-/// The unknown-field check of a built-in kind: decodes into the k8s-openapi type and lists the
-/// input fields the typed value does not carry back out.
-type TypedCheck = fn(&Value) -> Vec<String>;
+/// The typed round trip of a built-in kind: decodes into the k8s-openapi type and encodes it
+/// again; the input fields the typed value does not carry back out are unknown.
+type TypedCheck = fn(&Value) -> Option<Value>;
+
+fn typed_roundtrip(rt: &ResourceType, obj: &Value) -> Option<Value> {
+    typed_check(&rt.group, &rt.kind).and_then(|f| f(obj))
+}
 
 fn typed_check(group: &str, kind: &str) -> Option<TypedCheck> {
     use k8s_openapi::Resource;
@@ -470,7 +474,7 @@ fn typed_check(group: &str, kind: &str) -> Option<TypedCheck> {
         ($($t:ty),* $(,)?) => {
             $(
                 if group == <$t as Resource>::GROUP && kind == <$t as Resource>::KIND {
-                    return Some(typed_unknown::<$t>);
+                    return Some(typed_back::<$t>);
                 }
             )*
         };
@@ -521,21 +525,34 @@ fn typed_check(group: &str, kind: &str) -> Option<TypedCheck> {
     None
 }
 
-fn typed_unknown<K>(obj: &Value) -> Vec<String>
+fn typed_back<K>(obj: &Value) -> Option<Value>
 where
     K: serde::de::DeserializeOwned + serde::Serialize,
 {
     // A body that does not even decode is left to the server's other checks: k8s-openapi is
     // stricter than Go in places (numbers for quantities), so a decode error is not evidence.
-    let Ok(typed) = serde_json::from_value::<K>(obj.clone()) else {
-        return Vec::new();
-    };
-    let Ok(back) = serde_json::to_value(&typed) else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    missing_fields(obj, &back, "", &mut out);
-    out
+    let typed = serde_json::from_value::<K>(obj.clone()).ok()?;
+    serde_json::to_value(&typed).ok()
+}
+
+/// Removes from `input` the non-null fields `typed` lacks (the walk of [`missing_fields`]).
+fn drop_missing(input: &mut Value, typed: &Value) {
+    match (input, typed) {
+        (Value::Object(a), Value::Object(b)) => {
+            a.retain(|k, v| v.is_null() || b.contains_key(k));
+            for (k, v) in a.iter_mut() {
+                if let Some(bv) = b.get(k) {
+                    drop_missing(v, bv);
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            for (x, y) in a.iter_mut().zip(b) {
+                drop_missing(x, y);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// Paths of the non-null fields of `input` that `typed` lacks.
@@ -565,6 +582,17 @@ fn missing_fields(input: &Value, typed: &Value, path: &str, out: &mut Vec<String
 }
 
 impl ResourceType {
+    /// Drops the fields of a built-in object its type does not know, as kube-apiserver's typed
+    /// decoding does under `Warn` and `Ignore` (custom resources are pruned by their schema).
+    pub fn drop_unknown_fields(&self, obj: &mut Value) {
+        if self.origin != Origin::Builtin {
+            return;
+        }
+        if let Some(typed) = typed_roundtrip(self, obj) {
+            drop_missing(obj, &typed);
+        }
+    }
+
     /// The fields of `obj` this type does not know, as `fieldValidation` reports them
     /// (`spec.replicaz`, `spec.template.spec.containers[0].imagePullPolicyy`). Built-ins are
     /// checked against their k8s-openapi type; custom resources against the structural schema
@@ -572,10 +600,15 @@ impl ResourceType {
     pub fn unknown_fields(&self, obj: &Value) -> Vec<String> {
         match &self.origin {
             Origin::Builtin => {
-                typed_check(&self.group, &self.kind).map_or_else(Vec::new, |f| f(obj))
+                let mut out = Vec::new();
+                if let Some(back) = typed_roundtrip(self, obj) {
+                    missing_fields(obj, &back, "", &mut out);
+                }
+                out
             }
             Origin::Crd { .. } => {
-                let mut out = Vec::new();
+                // The real server reports what pruning drops first, then unknown metadata.
+                let mut out = crate::crd::unknown_fields(self, obj);
                 if let Some(meta) = obj.get("metadata") {
                     let typed = serde_json::from_value::<
                         k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
@@ -586,48 +619,90 @@ impl ResourceType {
                         missing_fields(meta, &typed, "metadata", &mut out);
                     }
                 }
-                out.extend(crate::crd::unknown_fields(self, obj));
                 out
             }
         }
     }
 }
 
-/// Applies the `fieldValidation` query parameter to a decoded write body: `Strict` (kubectl's
-/// default) rejects unknown fields with 400 BadRequest worded as kube-apiserver words it,
-/// `Warn` returns one warning per field (for `Warning: 299 - "<text>"` headers), and `Ignore` or
-/// no parameter accepts silently. Unknown modes are a 400 as on the real server.
-pub fn field_validation(
+/// A `fieldValidation` mode (the query parameter of every write).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldValidation {
+    /// Unknown fields are dropped silently.
+    Ignore,
+    /// Unknown fields are dropped with a `Warning` header each (the server default).
+    Warn,
+    /// Unknown fields fail the request.
+    Strict,
+}
+
+impl FieldValidation {
+    /// Parses the query parameter; absent or empty is `Warn`, as on kube-apiserver 1.27+.
+    pub fn parse(mode: Option<&str>) -> Result<Self, crate::error::ApiError> {
+        match mode {
+            None | Some("" | "Warn") => Ok(Self::Warn),
+            Some("Ignore") => Ok(Self::Ignore),
+            Some("Strict") => Ok(Self::Strict),
+            Some(other) => Err(crate::error::ApiError::bad_request(format!(
+                "fieldValidation parameter unsupported: {other:?}; valid values are Ignore, Warn, Strict"
+            ))),
+        }
+    }
+}
+
+/// What a `fieldValidation` check found in a body with unknown fields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UnknownFields {
+    /// Nothing to report (no unknown fields, or `Ignore`).
+    None,
+    /// `Warn`: one `unknown field "<path>"` text per field, for `Warning: 299` headers.
+    Warn(Vec<String>),
+    /// `Strict`: the `strict decoding error: unknown field "<path>", ...` text that fails the
+    /// request (its wrapping depends on the verb).
+    Strict(String),
+}
+
+/// Checks a decoded body or a patched object for unknown fields under `mode`.
+pub fn check_unknown_fields(
     rt: &ResourceType,
     obj: &Value,
-    mode: Option<&str>,
-) -> Result<Vec<String>, crate::error::ApiError> {
-    let mode = match mode {
-        None | Some("") | Some("Ignore") => return Ok(Vec::new()),
-        Some(m @ ("Strict" | "Warn")) => m,
-        Some(other) => {
-            return Err(crate::error::ApiError::bad_request(format!(
-                "fieldValidation parameter unsupported: {other:?}; valid values are Ignore, Warn, Strict"
-            )));
-        }
-    };
+    mode: FieldValidation,
+) -> UnknownFields {
+    if mode == FieldValidation::Ignore {
+        return UnknownFields::None;
+    }
     let unknown = rt.unknown_fields(obj);
     if unknown.is_empty() {
-        return Ok(Vec::new());
+        return UnknownFields::None;
     }
     let texts: Vec<String> = unknown
         .iter()
         .map(|f| format!("unknown field {f:?}"))
         .collect();
-    if mode == "Warn" {
-        return Ok(texts);
+    match mode {
+        FieldValidation::Warn => UnknownFields::Warn(texts),
+        _ => UnknownFields::Strict(format!("strict decoding error: {}", texts.join(", "))),
     }
-    Err(crate::error::ApiError::bad_request(format!(
-        "{kind} in version {version:?} cannot be handled as a {kind}: strict decoding error: {}",
-        texts.join(", "),
-        kind = rt.kind,
-        version = rt.version,
-    )))
+}
+
+/// Applies the `fieldValidation` query parameter to a decoded create or update body: `Strict`
+/// (kubectl's default) rejects unknown fields with 400 BadRequest worded as kube-apiserver words
+/// it, `Warn` (the default when absent) returns one warning per field (for
+/// `Warning: 299 - "<text>"` headers), and `Ignore` accepts silently. Unknown modes are a 400.
+pub fn field_validation(
+    rt: &ResourceType,
+    obj: &Value,
+    mode: Option<&str>,
+) -> Result<Vec<String>, crate::error::ApiError> {
+    match check_unknown_fields(rt, obj, FieldValidation::parse(mode)?) {
+        UnknownFields::None => Ok(Vec::new()),
+        UnknownFields::Warn(texts) => Ok(texts),
+        UnknownFields::Strict(detail) => Err(crate::error::ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {kind}: {detail}",
+            kind = rt.kind,
+            version = rt.version,
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -724,11 +799,17 @@ mod tests {
                 .expect("ignore")
                 .is_empty()
         );
-        assert!(
+        assert_eq!(
             field_validation(&deploy, &obj, None)
-                .expect("default")
-                .is_empty()
+                .expect("default is Warn")
+                .len(),
+            3
         );
+        let mut dropped = obj.clone();
+        deploy.drop_unknown_fields(&mut dropped);
+        assert!(deploy.unknown_fields(&dropped).is_empty());
+        assert_eq!(dropped["spec"]["selector"], obj["spec"]["selector"]);
+        assert_eq!(dropped["metadata"]["labels"], obj["metadata"]["labels"]);
         assert_eq!(
             field_validation(&deploy, &obj, Some("Sometimes"))
                 .expect_err("bad mode")
@@ -763,9 +844,12 @@ mod tests {
         let widget = crate::crd::types_from_crd(&crd).expect("valid").remove(0);
         let w = serde_json::json!({"apiVersion": "example.com/v1", "kind": "Widget",
             "metadata": {"name": "w", "bogus": 1}, "spec": {"a": "x", "b": 2}});
-        assert_eq!(widget.unknown_fields(&w), ["metadata.bogus", "spec.b"]);
+        assert_eq!(widget.unknown_fields(&w), ["spec.b", "metadata.bogus"]);
         let err = field_validation(&widget, &w, Some("Strict")).expect_err("strict");
-        assert!(err.message.starts_with("Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: unknown field \"metadata.bogus\""), "{}", err.message);
+        assert_eq!(
+            err.message,
+            "Widget in version \"v1\" cannot be handled as a Widget: strict decoding error: unknown field \"spec.b\", unknown field \"metadata.bogus\""
+        );
     }
 
     #[test]

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::auth::{self, RequestAttributes};
 use crate::error::{ApiError, Cause, qualified};
-use crate::registry::{Origin, ResourceType};
+use crate::registry::{FieldValidation, Origin, ResourceType, UnknownFields};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjKey, Page, Txn, TypeKey, obj_key};
 use crate::strategy;
@@ -108,6 +108,57 @@ impl Ctx<'_> {
 
     fn conflict(&self, name: &str, why: &str) -> ApiError {
         ApiError::conflict(&self.rt.group, &self.rt.plural, name, why)
+    }
+
+    /// `fieldValidation` on a create or update body (at the served version, before pruning):
+    /// Strict fails with 400, Warn returns the warnings for the response headers.
+    /// Unknown fields of built-ins are then dropped, as the real server's typed decoding does.
+    fn validate_body_fields(&self, obj: &mut Value) -> Result<Vec<String>, ApiError> {
+        let mode = self.query.get("fieldValidation");
+        FieldValidation::parse(mode)?;
+        // One typed round trip in the common case of a clean body.
+        if self.rt.unknown_fields(obj).is_empty() {
+            return Ok(Vec::new());
+        }
+        let warnings = crate::registry::field_validation(&self.rt, obj, mode)?;
+        self.rt.drop_unknown_fields(obj);
+        Ok(warnings)
+    }
+}
+
+/// Adds one `Warning: 299 - "<text>"` header per warning, as kube-apiserver sends them (kubectl
+/// prints `Warning: <text>`, kube-rs logs them).
+fn with_warnings(mut resp: Response, warnings: &[String]) -> Response {
+    for w in warnings {
+        let quoted = format!("299 - \"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""));
+        if let Ok(v) = http::HeaderValue::from_bytes(quoted.as_bytes()) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+/// Go's `%+v` of a decoded JSON value (`map[a:1 b:[x y]]`), which is how kube-apiserver quotes a
+/// strategic merge patch in its strict decoding error.
+fn go_format(v: &Value) -> String {
+    match v {
+        Value::Null => "<nil>".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(items) => {
+            let parts: Vec<String> = items.iter().map(go_format).collect();
+            format!("[{}]", parts.join(" "))
+        }
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let parts: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{k}:{}", go_format(&map[k])))
+                .collect();
+            format!("map[{}]", parts.join(" "))
+        }
     }
 }
 
@@ -847,6 +898,7 @@ fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Resp
         return Ok(super::json_response(StatusCode::CREATED, &answer));
     }
     check_type_meta(&ctx.rt, &mut obj, false)?;
+    let warnings = ctx.validate_body_fields(&mut obj)?;
     check_namespace(ctx, &mut obj)?;
     let obj = convert::to_storage(&ctx.rt, obj);
     let dry_run = ctx.dry_run()?;
@@ -899,7 +951,10 @@ fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Resp
             stored["metadata"]["name"].as_str().unwrap_or_default(),
         );
     }
-    Ok(render(ctx, StatusCode::CREATED, &stored))
+    Ok(with_warnings(
+        render(ctx, StatusCode::CREATED, &stored),
+        &warnings,
+    ))
 }
 
 /// Checks a client-sent resourceVersion against the stored one: 409 when stale.
@@ -1042,6 +1097,7 @@ fn validate_csr_conditions(rt: &ResourceType, csr: &Value) -> Result<(), ApiErro
 fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, ApiError> {
     let allow_missing_kind = matches!(sub, Some("approval" | "finalize"));
     check_type_meta(&ctx.rt, &mut obj, allow_missing_kind)?;
+    let warnings = ctx.validate_body_fields(&mut obj)?;
     check_namespace(ctx, &mut obj)?;
     check_name(ctx, &obj)?;
     let obj = convert::to_storage(&ctx.rt, obj);
@@ -1057,7 +1113,10 @@ fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, 
         let current = ctx.state.store.get(&k, "", ctx.name());
         sync_crd(ctx.state, current.as_deref(), ctx.name());
     }
-    Ok(render(ctx, StatusCode::OK, &stored))
+    Ok(with_warnings(
+        render(ctx, StatusCode::OK, &stored),
+        &warnings,
+    ))
 }
 
 fn patch(
@@ -1112,8 +1171,12 @@ fn patch(
         ));
     }
     let dry_run = ctx.dry_run()?;
+    // Apply patches are checked against the schema by server-side apply itself; the other patch
+    // types check the patched object, as kube-apiserver decodes it strictly.
+    let validation = FieldValidation::parse(ctx.query.get("fieldValidation"))?;
     let k = key(&ctx.rt);
     let rt = ctx.rt.clone();
+    let mut warnings = Vec::new();
     let (stored, created) =
         ctx.state
             .store
@@ -1189,6 +1252,32 @@ fn patch(
                     ));
                 }
                 let mut new = new;
+                if !apply && !rt.unknown_fields(&new).is_empty() {
+                    match crate::registry::check_unknown_fields(&rt, &new, validation) {
+                        UnknownFields::None => {}
+                        UnknownFields::Warn(found) => warnings = found,
+                        UnknownFields::Strict(detail) => {
+                            // kube-apiserver quotes the patched object (JSON and merge patches)
+                            // or the strategic patch map (Go's `%+v`) in a 422 on `patch`.
+                            let value = if ct == "application/strategic-merge-patch+json" {
+                                go_format(&patch_doc)
+                            } else {
+                                new.to_string()
+                            };
+                            return Err(ApiError::invalid(
+                                "",
+                                "",
+                                "",
+                                &[Cause {
+                                    reason: "FieldValueInvalid".into(),
+                                    message: format!("Invalid value: {value:?}: {detail}"),
+                                    field: "patch".into(),
+                                }],
+                            ));
+                        }
+                    }
+                    rt.drop_unknown_fields(&mut new);
+                }
                 // A changed name or namespace in a patch is an error, not a rename.
                 if new["metadata"]["name"] != old["metadata"]["name"]
                     || new["metadata"]["namespace"] != old["metadata"]["namespace"]
@@ -1213,15 +1302,12 @@ fn patch(
         let current = ctx.state.store.get(&k, "", ctx.name());
         sync_crd(ctx.state, current.as_deref(), ctx.name());
     }
-    Ok(render(
-        ctx,
-        if created {
-            StatusCode::CREATED
-        } else {
-            StatusCode::OK
-        },
-        &stored,
-    ))
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(with_warnings(render(ctx, code, &stored), &warnings))
 }
 
 // ---------------------------------------------------------------------------------------------
