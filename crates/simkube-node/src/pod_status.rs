@@ -337,7 +337,7 @@ mod tests {
             ("Never", vec![done(0), done(0)]),
             ("Never", vec![done(0), done(3)]),
             ("OnFailure", vec![done(0)]),
-            ("Never", vec![done(0), running.clone()]),
+            ("Never", vec![done(0), running]),
             ("Always", vec![]),
         ];
         let got: Vec<String> = cases

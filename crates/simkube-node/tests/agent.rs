@@ -140,10 +140,10 @@ async fn wait_pod(
     let deadline = Instant::now() + patience(timeout);
     loop {
         let pod = api.get_opt(name).await.expect("get pod");
-        if let Some(pod) = &pod {
-            if check(pod) {
-                return pod.clone();
-            }
+        if let Some(pod) = &pod
+            && check(pod)
+        {
+            return pod.clone();
         }
         assert!(
             Instant::now() < deadline,
