@@ -517,7 +517,10 @@ async fn status_apply_through_the_subresource_keeps_spec_and_records_the_subreso
                         "phase": {"type": "string"},
                         "conditions": {"type": "array", "x-kubernetes-list-type": "map",
                                        "x-kubernetes-list-map-keys": ["type"],
-                                       "items": {"type": "object", "properties": {
+                                       // kube-apiserver requires map-list keys to be
+                                       // required or defaulted in structural schemas.
+                                       "items": {"type": "object", "required": ["type"],
+                                                 "properties": {
                                            "type": {"type": "string"}, "status": {"type": "string"}}}}
                     }}
                 }}}
