@@ -13,7 +13,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{self, Authenticator, SecretToken, TokenIssuer};
-use crate::controllers::Controllers;
+use crate::controllers::{ControllerSettings, Controllers};
 use crate::error::ApiError;
 use crate::http::{self, Fault, RequestRecord, ServerConfig, ServerState};
 use crate::registry::Registry;
@@ -63,6 +63,7 @@ pub struct ClusterBuilder {
     bind: SocketAddr,
     rv_offset: Option<u64>,
     controllers: Controllers,
+    controller_settings: ControllerSettings,
     background: Vec<BackgroundTask>,
     pod_proxy: Option<http::PodProxy>,
 }
@@ -93,6 +94,7 @@ impl Default for ClusterBuilder {
             bind: SocketAddr::from(([127, 0, 0, 1], 0)),
             rv_offset: None,
             controllers: Controllers::none(),
+            controller_settings: ControllerSettings::default(),
             background: Vec::new(),
             pod_proxy: None,
         }
@@ -163,6 +165,13 @@ impl ClusterBuilder {
     /// Built-in controllers to run (none by default, like envtest).
     pub fn controllers(mut self, controllers: Controllers) -> Self {
         self.controllers = controllers;
+        self
+    }
+
+    /// How long a node's Lease may go unrenewed before the node lifecycle controller marks it
+    /// Unknown and unreachable (40s by default, as kube-controller-manager).
+    pub fn node_monitor_grace_period(mut self, grace: Duration) -> Self {
+        self.controller_settings.node_monitor_grace_period = grace;
         self
     }
 
@@ -290,6 +299,7 @@ impl ClusterBuilder {
                 .map_err(|e| Error::Client(e.to_string()))?;
             handles.extend(crate::controllers::spawn(
                 &self.controllers,
+                &self.controller_settings,
                 client,
                 cluster.ca.clone(),
                 cluster.background_stop.clone(),

@@ -11,6 +11,7 @@ pub mod csr;
 pub mod endpointslices;
 pub mod gc;
 pub mod namespace;
+pub mod node_lifecycle;
 pub mod scheduler;
 pub mod service_accounts;
 pub mod workloads;
@@ -47,6 +48,8 @@ pub struct Controllers {
     pub workloads: bool,
     /// Keeps EndpointSlices (and legacy Endpoints) of Services with a selector.
     pub endpoint_slices: bool,
+    /// Marks nodes whose Lease went stale Unknown and taints them unreachable.
+    pub node_lifecycle: bool,
 }
 
 impl Controllers {
@@ -60,6 +63,7 @@ impl Controllers {
             scheduler: true,
             workloads: true,
             endpoint_slices: true,
+            node_lifecycle: true,
         }
     }
 
@@ -77,6 +81,22 @@ impl Controllers {
             || self.scheduler
             || self.workloads
             || self.endpoint_slices
+            || self.node_lifecycle
+    }
+}
+
+/// Settings of the controllers that need more than on or off.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerSettings {
+    /// How long a node's Lease may go unrenewed before the node turns Unknown.
+    pub node_monitor_grace_period: Duration,
+}
+
+impl Default for ControllerSettings {
+    fn default() -> Self {
+        Self {
+            node_monitor_grace_period: node_lifecycle::DEFAULT_GRACE,
+        }
     }
 }
 
@@ -87,6 +107,7 @@ impl Controllers {
 /// `kube-root-ca.crt`.
 pub fn spawn(
     controllers: &Controllers,
+    settings: &ControllerSettings,
     client: Client,
     ca: Option<Arc<CertAuthority>>,
     shutdown: CancellationToken,
@@ -111,6 +132,13 @@ pub fn spawn(
     if controllers.endpoint_slices {
         tasks.push(tokio::spawn(endpointslices::run(
             client.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if controllers.node_lifecycle {
+        tasks.push(tokio::spawn(node_lifecycle::run(
+            client.clone(),
+            settings.node_monitor_grace_period,
             shutdown.clone(),
         )));
     }
