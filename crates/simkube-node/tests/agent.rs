@@ -562,3 +562,71 @@ fn host_network_pod_shares_the_node_address() {
         assert!(body.trim_end().ends_with("path=/hello"), "{body}");
     });
 }
+
+#[test]
+fn binary_runs_inside_its_node_namespace_and_cleans_up_on_sigterm() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-bin");
+    let prefix = fixture.prefix.clone();
+    let netns_name = fixture.netns.name().to_owned();
+    let node = fixture.node.clone();
+    let state = fixture.state.path().to_owned();
+    fixture.netns.run_async(|| async move {
+        let cluster = simkube::Cluster::builder().start().await.expect("cluster");
+        let kubeconfig = state.join("kubeconfig");
+        cluster.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        // The binary enters the node namespace itself (`--netns`), so it starts from here
+        // like any host process would.
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_simkube-node"));
+        command.args([
+            "--kubeconfig",
+            &kubeconfig.display().to_string(),
+            "--name",
+            &node,
+            "--pod-cidr",
+            "10.244.9.0/24",
+            "--internal-ip",
+            "198.18.0.10",
+            "--netns",
+            &netns_name,
+            "--state-dir",
+            &state.join("agent").display().to_string(),
+            "--log",
+            "warn",
+        ]);
+        let child = command.spawn().expect("spawn the agent binary");
+        let mut agent = tether_testkit::ProcessGuard::new(child, "simkube-node");
+        let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+        let spec = pod("binecho", &node, "simkube.dev/echo", &[], "Always");
+        let created = pods
+            .create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let uid = created.metadata.uid.expect("uid");
+        let running = wait_pod(&pods, "binecho", Duration::from_secs(20), "Ready", |p| {
+            container_status(p).is_some_and(|c| c.ready)
+        })
+        .await;
+        let ip = running.status.and_then(|s| s.pod_ip).expect("podIP");
+        assert!(ip.starts_with("10.244.9."), "{ip}");
+        // Default sandbox names: `sk-<node>-<uid>`.
+        let netns = format!("sk-{node}-{uid}");
+        assert!(netns_exists(&netns), "{netns}");
+        let status = tokio::task::spawn_blocking(move || agent.stop())
+            .await
+            .expect("join")
+            .expect("stop the agent");
+        assert!(
+            status.success(),
+            "agent exits cleanly on SIGTERM: {status:?}"
+        );
+        assert!(
+            !netns_exists(&netns),
+            "the agent removed {netns} on shutdown"
+        );
+        assert!(sandbox::list(&prefix).is_empty());
+        cluster.shutdown().await;
+    });
+}
