@@ -64,6 +64,9 @@ pub struct AgentConfig {
     /// Where the kubelet endpoint listens (`None`: not served); default: InternalIP and the
     /// kubelet port.
     pub kubelet_listen: Option<std::net::SocketAddr>,
+    /// Turn on IPv4 forwarding in the node namespace, so pods reach each other through the
+    /// node (as a CNI plugin does). Default on.
+    pub enable_forwarding: bool,
     /// Names of sandbox namespaces start with this (default `sk-<node>-`); every namespace with
     /// this prefix belongs to this agent and is removed when it starts.
     pub netns_prefix: String,
@@ -75,6 +78,7 @@ impl AgentConfig {
         let pod_api_host = identity.internal_ip.to_string();
         Self {
             netns_prefix: sandbox::netns_prefix(&identity.name),
+            enable_forwarding: true,
             kubelet_listen: Some(std::net::SocketAddr::new(
                 identity.internal_ip,
                 identity.kubelet_port,
@@ -167,6 +171,14 @@ impl Agent {
         for (netns, uid) in sandbox::list(prefix) {
             tracing::info!(%netns, "removing the sandbox of a previous agent run");
             sandbox::remove(&sandbox::names(prefix, &uid)).await?;
+        }
+        if ctx.config.enable_forwarding {
+            // Synchronous on purpose: /proc/sys/net belongs to the namespace of the thread that
+            // opens it, and this thread is in the node namespace.
+            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| Error::Io {
+                action: "enable IPv4 forwarding in the node namespace".to_owned(),
+                source,
+            })?;
         }
         let kubelet_server = match ctx.config.kubelet_listen {
             Some(addr) => {

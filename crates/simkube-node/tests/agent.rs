@@ -304,6 +304,51 @@ fn echo_pod_runs_answers_and_is_removed_on_delete() {
         assert!(reply.starts_with("pod=echo peer=10.244.7.1:"), "{reply}");
         assert!(reply.trim_end().ends_with(" hello"), "{reply}");
 
+        // Pod to pod through the node: the traffic client's one exchange succeeds or it fails.
+        let client_pod = pod(
+            "client",
+            &node,
+            "simkube.dev/traffic",
+            &["--target", "$(ECHO):7000", "--proto", "udp", "--count", "1"],
+            "Never",
+        );
+        let mut client_pod = client_pod;
+        client_pod.spec.as_mut().expect("spec").containers[0]
+            .env
+            .get_or_insert_with(Vec::new)
+            .push(
+                serde_json::from_value(json!({"name": "ECHO", "value": pod_ip.to_string()}))
+                    .expect("env"),
+            );
+        pods.create(&PostParams::default(), &client_pod)
+            .await
+            .expect("create client");
+        let done = wait_pod(&pods, "client", Duration::from_secs(20), "Succeeded", |p| {
+            matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .await;
+        let client_logs = pods
+            .logs("client", &LogParams::default())
+            .await
+            .expect("client logs");
+        let client_ip = done
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.clone())
+            .expect("client IP");
+        assert_eq!(
+            done.status.and_then(|s| s.phase).as_deref(),
+            Some("Succeeded"),
+            "{client_logs}"
+        );
+        assert!(
+            client_logs.contains(&format!("udp pod=echo peer={client_ip}:")),
+            "the echo saw the client pod's own address: {client_logs}"
+        );
+
         // Logs come through the API server's kubelet proxy from the agent's kubelet endpoint.
         let logs = pods
             .logs("echo", &LogParams::default())
