@@ -247,6 +247,7 @@ impl ClusterBuilder {
             authenticator,
             faults: Mutex::new(Vec::new()),
             latency: Mutex::new(Duration::ZERO),
+            metrics: crate::metrics::Metrics::new(),
             requests: Mutex::new(std::collections::VecDeque::new()),
             watch_breaker,
             pod_proxy: RwLock::new(Some(crate::kubelet_proxy::pod_proxy(

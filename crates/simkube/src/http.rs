@@ -110,6 +110,8 @@ pub struct ServerState {
     pub faults: Mutex<Vec<Fault>>,
     /// Delay added to every request.
     pub latency: Mutex<Duration>,
+    /// The `/metrics` counters and gauges.
+    pub metrics: crate::metrics::Metrics,
     /// Recent requests, oldest first.
     pub requests: Mutex<VecDeque<RequestRecord>>,
     /// Bumped to end every open watch.
@@ -290,6 +292,8 @@ pub enum Route {
     OpenApiRoot,
     /// `/openapi/v3/{path}`
     OpenApi(String),
+    /// `/metrics` (Prometheus; a non-resource URL RBAC must allow, as on kube-apiserver)
+    Metrics,
     /// A resource URL.
     Resource(ResourcePath),
     /// Anything else.
@@ -301,6 +305,7 @@ pub fn parse_path(path: &str) -> Route {
     let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
     match parts.as_slice() {
         ["version"] => Route::Version,
+        ["metrics"] => Route::Metrics,
         [h, ..] if matches!(*h, "healthz" | "livez" | "readyz") => Route::Health,
         ["api"] => Route::LegacyVersions,
         ["apis"] => Route::GroupList,
@@ -367,6 +372,67 @@ fn is_public(route: &Route) -> bool {
 }
 
 async fn entry(State(state): State<Arc<ServerState>>, req: Request) -> Response {
+    let started = std::time::Instant::now();
+    let mut labels = metric_labels(&state, &req);
+    let resp = handle(state.clone(), req).await;
+    labels.code = resp.status().as_u16().to_string();
+    state
+        .metrics
+        .observe(labels, started.elapsed().as_secs_f64());
+    resp
+}
+
+/// The metric labels of a request, from bounded sets only: a resource the registry does not
+/// serve is counted with empty group and resource.
+fn metric_labels(state: &ServerState, req: &Request) -> crate::metrics::RequestLabels {
+    let method = req.method();
+    let mut labels = crate::metrics::RequestLabels {
+        verb: method.as_str().to_owned(),
+        group: String::new(),
+        resource: String::new(),
+        subresource: String::new(),
+        code: String::new(),
+    };
+    let Route::Resource(rp) = parse_path(req.uri().path()) else {
+        return labels;
+    };
+    let Some(rt) = state
+        .registry()
+        .lookup(&rp.group, &rp.version, &rp.resource)
+    else {
+        return labels;
+    };
+    labels.group = rt.group.clone();
+    labels.resource = rt.plural.clone();
+    let sub = rp.subresource.as_deref().unwrap_or_default();
+    let connect = matches!(sub, "exec" | "attach" | "portforward");
+    if rt.subresources.iter().any(|s| s == sub) || connect {
+        labels.subresource = sub.to_owned();
+    }
+    let watch = rp.watch_prefix
+        || Query::parse(req.uri().query().unwrap_or_default())
+            .flag("watch")
+            .unwrap_or(false);
+    let apply = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/apply-patch"));
+    // kube-apiserver's reported verbs.
+    labels.verb = match (method.as_str(), rp.name.is_some()) {
+        _ if connect => "CONNECT",
+        ("GET", _) if watch => "WATCH",
+        ("GET", true) => "GET",
+        ("GET", false) => "LIST",
+        ("PATCH", _) if apply => "APPLY",
+        ("DELETE", false) => "DELETECOLLECTION",
+        (m, _) => m,
+    }
+    .to_owned();
+    labels
+}
+
+async fn handle(state: Arc<ServerState>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let raw_query = req.uri().query().unwrap_or_default().to_owned();
@@ -469,6 +535,15 @@ async fn authorize_and_serve(
     match route {
         Route::Version => Ok(json_response(StatusCode::OK, &discovery::version())),
         Route::Health => Ok(text(StatusCode::OK, "ok")),
+        Route::Metrics => {
+            let body = state.metrics.render(&state.store, &state.registry());
+            let mut resp = Response::new(Body::from(body));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
+            );
+            Ok(resp)
+        }
         Route::LegacyVersions | Route::GroupList => {
             let legacy = route == Route::LegacyVersions;
             let aggregated = accept.as_deref().is_some_and(wants_aggregated);

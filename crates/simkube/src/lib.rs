@@ -37,6 +37,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod http;
 pub mod kubelet_proxy;
+pub mod metrics;
 pub mod patch;
 pub mod registry;
 pub mod selectors;

@@ -207,7 +207,9 @@ pub fn serve(
     let breaker = state.watch_breaker.subscribe();
     let state2 = state.clone();
     let interval = state.config.bookmark_interval;
+    let counted = state.metrics.watch_started(&rt.group, &rt.plural);
     tokio::spawn(async move {
+        let _counted = counted;
         match start {
             Err(e) => {
                 let _ = tx.send(Ok(expired_line(e))).await;

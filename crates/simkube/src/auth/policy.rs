@@ -276,6 +276,23 @@ pub fn default_cluster_roles() -> Vec<Value> {
             ],
         ),
         cluster_role(
+            "system:monitoring",
+            &[],
+            vec![url_rule(
+                &[
+                    "/healthz",
+                    "/healthz/*",
+                    "/livez",
+                    "/livez/*",
+                    "/readyz",
+                    "/readyz/*",
+                    "/metrics",
+                    "/metrics/slis",
+                ],
+                &["get"],
+            )],
+        ),
+        cluster_role(
             "system:public-info-viewer",
             &[],
             vec![url_rule(
@@ -305,7 +322,8 @@ fn binding(name: &str, role: &str, groups: &[&str]) -> Value {
 }
 
 /// The default ClusterRoleBindings: `cluster-admin` to `system:masters`; `system:discovery` and
-/// `system:basic-user` to `system:authenticated`; `system:public-info-viewer` to
+/// `system:basic-user` to `system:authenticated`; `system:monitoring` (health and `/metrics`) to
+/// the `system:monitoring` group; `system:public-info-viewer` to
 /// `system:authenticated` and `system:unauthenticated`.
 pub fn default_cluster_role_bindings() -> Vec<Value> {
     vec![
@@ -319,6 +337,11 @@ pub fn default_cluster_role_bindings() -> Vec<Value> {
             "system:discovery",
             "system:discovery",
             &["system:authenticated"],
+        ),
+        binding(
+            "system:monitoring",
+            "system:monitoring",
+            &["system:monitoring"],
         ),
         binding(
             "system:public-info-viewer",
