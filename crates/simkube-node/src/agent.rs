@@ -465,20 +465,18 @@ async fn run_pod(
     reporter.record.pod_ip = Some(pod_ip);
     reporter.report().await;
 
-    let containers = pod
-        .spec
-        .as_ref()
-        .map(|s| s.containers.clone())
-        .unwrap_or_default();
-    let (events_tx, mut events) = mpsc::channel::<(usize, ContainerRecord)>(64);
+    let spec = pod.spec.clone().unwrap_or_default();
+    let inits = spec.init_containers.unwrap_or_default();
+    let mains = spec.containers;
+    let (events_tx, mut events) = mpsc::channel::<(Slot, ContainerRecord)>(64);
     let stop = CancellationToken::new();
     let (grace_tx, grace_rx) = watch::channel(ctx.config.shutdown_grace);
     let mut supervisors = JoinSet::new();
-    for (index, container) in containers.into_iter().enumerate() {
+    let mut start = |slot: Slot, container: Container| {
         supervisors.spawn(supervise(Supervisor {
             ctx: ctx.clone(),
             pod: pod.clone(),
-            index,
+            slot,
             container,
             netns: netns.clone(),
             pod_ip,
@@ -486,17 +484,41 @@ async fn run_pod(
             stop: stop.clone(),
             grace: grace_rx.clone(),
         }));
+    };
+    // Init containers run one at a time, each to success, before any regular container starts.
+    match inits.first() {
+        Some(first) => start(Slot::Init(0), first.clone()),
+        None => {
+            for (index, container) in mains.iter().enumerate() {
+                start(Slot::Main(index), container.clone());
+            }
+        }
     }
-    drop(events_tx);
     let ending = loop {
         tokio::select! {
             () = shutdown.cancelled() => break Ending::Shutdown,
             msg = next_msg(rx) => if let Some(end) = msg { break end },
-            Some((index, record)) = events.recv() => {
-                if let Some(slot) = reporter.record.containers.get_mut(index) {
-                    *slot = record;
+            Some((slot, record)) = events.recv() => {
+                let succeeded =
+                    matches!(&record.phase, ContainerPhase::Terminated(t) if t.exit_code == 0);
+                let target = match slot {
+                    Slot::Init(index) => reporter.record.init_containers.get_mut(index),
+                    Slot::Main(index) => reporter.record.containers.get_mut(index),
+                };
+                if let Some(target) = target {
+                    *target = record;
                 }
                 reporter.report().await;
+                if let (Slot::Init(index), true) = (slot, succeeded) {
+                    match inits.get(index + 1) {
+                        Some(next) => start(Slot::Init(index + 1), next.clone()),
+                        None => {
+                            for (index, container) in mains.iter().enumerate() {
+                                start(Slot::Main(index), container.clone());
+                            }
+                        }
+                    }
+                }
             }
         }
     };
@@ -576,7 +598,7 @@ struct Reporter {
 impl Reporter {
     fn new(ctx: &Ctx, pod: &Pod) -> Self {
         let spec = pod.spec.as_ref();
-        Self {
+        let mut reporter = Self {
             api: Api::namespaced(
                 ctx.client.clone(),
                 pod.metadata.namespace.as_deref().unwrap_or_default(),
@@ -589,6 +611,16 @@ impl Reporter {
                 pod_ip: None,
                 host_ip: ctx.config.identity.internal_ip.to_string(),
                 start_time: Timestamp::now(),
+                init_containers: spec
+                    .and_then(|s| s.init_containers.as_ref())
+                    .map(|list| {
+                        list.iter()
+                            .map(|c| {
+                                ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or(""))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
                 containers: spec
                     .map(|s| {
                         s.containers
@@ -601,7 +633,16 @@ impl Reporter {
                     .unwrap_or_default(),
             },
             last: None,
+        };
+        if !reporter.record.init_containers.is_empty() {
+            for c in &mut reporter.record.containers {
+                c.phase = ContainerPhase::Waiting {
+                    reason: "PodInitializing".to_owned(),
+                    message: None,
+                };
+            }
         }
+        reporter
     }
 
     async fn report(&mut self) {
@@ -639,14 +680,21 @@ impl Reporter {
     }
 }
 
+/// Which container of the pod a supervisor runs.
+#[derive(Debug, Clone, Copy)]
+enum Slot {
+    Init(usize),
+    Main(usize),
+}
+
 struct Supervisor {
     ctx: Arc<Ctx>,
     pod: Arc<Pod>,
-    index: usize,
+    slot: Slot,
     container: Container,
     netns: PathBuf,
     pod_ip: IpAddr,
-    events: mpsc::Sender<(usize, ContainerRecord)>,
+    events: mpsc::Sender<(Slot, ContainerRecord)>,
     stop: CancellationToken,
     grace: watch::Receiver<Duration>,
 }
@@ -666,7 +714,7 @@ impl Supervisor {
     }
 
     async fn send(&self, record: &ContainerRecord) {
-        let _ = self.events.send((self.index, record.clone())).await;
+        let _ = self.events.send((self.slot, record.clone())).await;
     }
 
     /// Sleeps `delay` unless told to stop first; `true` when stopping.
@@ -847,7 +895,10 @@ async fn supervise(s: Supervisor) {
             container_id,
         };
         tracing::info!(container = %key, code, "container exited");
+        let init = matches!(s.slot, Slot::Init(_));
         let restart = match policy.as_str() {
+            // An init container is retried until it succeeds unless the pod never restarts.
+            "Always" if init => code != 0,
             "Never" => false,
             "OnFailure" => code != 0,
             _ => true,
@@ -855,7 +906,9 @@ async fn supervise(s: Supervisor) {
         if !restart {
             record.phase = ContainerPhase::Terminated(termination);
             s.send(&record).await;
-            s.stop.cancelled().await;
+            if !init {
+                s.stop.cancelled().await;
+            }
             return;
         }
         crashes = backoff.next_crash_count(crashes, started.elapsed());

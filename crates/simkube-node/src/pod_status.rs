@@ -114,14 +114,35 @@ pub struct PodRecord {
     pub host_ip: String,
     /// When the agent accepted the pod.
     pub start_time: Timestamp,
+    /// Init containers, in spec order (each runs to completion before the next).
+    pub init_containers: Vec<ContainerRecord>,
     /// Containers, in spec order.
     pub containers: Vec<ContainerRecord>,
 }
 
+impl PodRecord {
+    /// Whether every init container completed successfully.
+    pub fn initialized(&self) -> bool {
+        self.init_containers
+            .iter()
+            .all(|c| matches!(&c.phase, ContainerPhase::Terminated(t) if t.exit_code == 0))
+    }
+
+    /// Whether an init container failed for good (restartPolicy Never).
+    pub fn init_failed(&self) -> bool {
+        self.init_containers
+            .iter()
+            .any(|c| matches!(&c.phase, ContainerPhase::Terminated(t) if t.exit_code != 0))
+    }
+}
+
 /// The pod phase, following the kubelet's rules.
 pub fn phase(pod: &PodRecord) -> &'static str {
+    if pod.init_failed() {
+        return "Failed";
+    }
     let containers = &pod.containers;
-    if containers.is_empty() {
+    if containers.is_empty() || !pod.initialized() {
         return "Pending";
     }
     if containers
@@ -198,7 +219,25 @@ pub fn pod_status(pod: &PodRecord, previous: Option<&PodStatus>, now: Timestamp)
             None,
             None,
         ),
-        ("Initialized".to_owned(), "True", None, None),
+        if pod.initialized() {
+            ("Initialized".to_owned(), "True", None, None)
+        } else {
+            let incomplete: Vec<&str> = pod
+                .init_containers
+                .iter()
+                .filter(|c| !matches!(&c.phase, ContainerPhase::Terminated(t) if t.exit_code == 0))
+                .map(|c| c.name.as_str())
+                .collect();
+            (
+                "Initialized".to_owned(),
+                "False",
+                Some("ContainersNotInitialized".to_owned()),
+                Some(format!(
+                    "containers with incomplete status: [{}]",
+                    incomplete.join(" ")
+                )),
+            )
+        },
         ready_condition("Ready"),
         ready_condition("ContainersReady"),
         ("PodScheduled".to_owned(), "True", None, None),
@@ -223,26 +262,13 @@ pub fn pod_status(pod: &PodRecord, previous: Option<&PodStatus>, now: Timestamp)
             }
         })
         .collect();
-    let container_statuses = pod
-        .containers
+    let container_statuses = pod.containers.iter().map(container_status).collect();
+    let init_statuses: Vec<ContainerStatus> = pod
+        .init_containers
         .iter()
         .map(|c| ContainerStatus {
-            name: c.name.clone(),
-            image: c.image.clone(),
-            image_id: format!("simkube://{}", c.image),
-            container_id: c.container_id.clone(),
-            ready: c.ready(),
-            started: Some(matches!(c.phase, ContainerPhase::Running { .. })),
-            restart_count: c.restart_count,
-            state: Some(state_of(&c.phase)),
-            last_state: Some(c.last_termination.as_ref().map_or_else(
-                ContainerState::default,
-                |t| ContainerState {
-                    terminated: Some(t.to_state()),
-                    ..ContainerState::default()
-                },
-            )),
-            ..ContainerStatus::default()
+            ready: matches!(&c.phase, ContainerPhase::Terminated(t) if t.exit_code == 0),
+            ..container_status(c)
         })
         .collect();
     let pod_ip = pod.pod_ip.map(|ip| ip.to_string());
@@ -257,8 +283,31 @@ pub fn pod_status(pod: &PodRecord, previous: Option<&PodStatus>, now: Timestamp)
         pod_ips: pod_ip.map(|ip| vec![PodIP { ip }]),
         start_time: Some(Time(pod.start_time)),
         container_statuses: Some(container_statuses),
+        init_container_statuses: (!init_statuses.is_empty()).then_some(init_statuses),
         qos_class: previous.and_then(|p| p.qos_class.clone()),
         ..PodStatus::default()
+    }
+}
+
+fn container_status(c: &ContainerRecord) -> ContainerStatus {
+    ContainerStatus {
+        name: c.name.clone(),
+        image: c.image.clone(),
+        image_id: format!("simkube://{}", c.image),
+        container_id: c.container_id.clone(),
+        ready: c.ready(),
+        started: Some(matches!(c.phase, ContainerPhase::Running { .. })),
+        restart_count: c.restart_count,
+        state: Some(state_of(&c.phase)),
+        last_state: Some(
+            c.last_termination
+                .as_ref()
+                .map_or_else(ContainerState::default, |t| ContainerState {
+                    terminated: Some(t.to_state()),
+                    ..ContainerState::default()
+                }),
+        ),
+        ..ContainerStatus::default()
     }
 }
 
@@ -309,6 +358,7 @@ mod tests {
             pod_ip: Some(IpAddr::from([10, 244, 1, 2])),
             host_ip: "198.18.0.2".into(),
             start_time: ts("2026-01-01T00:00:00Z"),
+            init_containers: Vec::new(),
             containers: phases
                 .into_iter()
                 .enumerate()
@@ -363,6 +413,36 @@ mod tests {
             ]
         "#]]
         .assert_debug_eq(&got);
+    }
+
+    #[test]
+    fn init_containers_gate_the_pod() {
+        let mut p = pod(
+            "Never",
+            vec![ContainerPhase::Waiting {
+                reason: "PodInitializing".into(),
+                message: None,
+            }],
+        );
+        p.init_containers = vec![ContainerRecord::new("setup", "img")];
+        let status = pod_status(&p, None, ts("2026-01-01T00:00:05Z"));
+        assert_eq!(status.phase.as_deref(), Some("Pending"));
+        let init = status
+            .conditions
+            .as_ref()
+            .and_then(|c| c.iter().find(|c| c.type_ == "Initialized"))
+            .expect("Initialized");
+        assert_eq!(init.status, "False");
+        assert_eq!(
+            init.message.as_deref(),
+            Some("containers with incomplete status: [setup]")
+        );
+        p.init_containers[0].phase = ContainerPhase::Terminated(term(0));
+        assert!(p.initialized());
+        let status = pod_status(&p, None, ts("2026-01-01T00:00:05Z"));
+        assert!(status.init_container_statuses.expect("init statuses")[0].ready);
+        p.init_containers[0].phase = ContainerPhase::Terminated(term(2));
+        assert_eq!(phase(&p), "Failed");
     }
 
     #[test]

@@ -675,3 +675,67 @@ fn binary_runs_inside_its_node_namespace_and_cleans_up_on_sigterm() {
         cluster.shutdown().await;
     });
 }
+
+#[test]
+fn init_containers_run_in_order_before_the_main_container() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-init");
+    fixture.run(fast_backoff(), |client, node| async move {
+        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let mut spec = pod("inits", &node, "simkube.dev/sleeper", &[], "Always");
+        let init = |name: &str, seconds: &str| {
+            serde_json::from_value(json!({
+                "name": name, "image": "simkube.dev/sleeper",
+                "args": ["--seconds", seconds, "--exit-code", "0"]
+            }))
+            .expect("init container")
+        };
+        spec.spec.as_mut().expect("spec").init_containers =
+            Some(vec![init("first", "0.3"), init("second", "0")]);
+        pods.create(&PostParams::default(), &spec)
+            .await
+            .expect("create");
+        let pending = wait_pod(
+            &pods,
+            "inits",
+            Duration::from_secs(10),
+            "initializing",
+            |p| waiting_reason(p).as_deref() == Some("PodInitializing"),
+        )
+        .await;
+        assert_eq!(
+            pending.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Pending")
+        );
+        let running = wait_pod(&pods, "inits", Duration::from_secs(20), "Ready", |p| {
+            container_status(p).is_some_and(|c| c.ready)
+        })
+        .await;
+        let status = running.status.expect("status");
+        let inits = status.init_container_statuses.expect("init statuses");
+        let finished = |i: usize| {
+            inits[i]
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .map(|t| (t.exit_code, t.started_at.clone(), t.finished_at.clone()))
+                .expect("terminated")
+        };
+        let (first_code, _, first_end) = finished(0);
+        let (second_code, second_start, _) = finished(1);
+        assert_eq!((first_code, second_code), (0, 0));
+        assert!(
+            second_start.expect("start").0 >= first_end.expect("end").0,
+            "in order"
+        );
+        let initialized = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "Initialized")
+            .expect("Initialized");
+        assert_eq!(initialized.status, "True");
+    });
+}
