@@ -3,7 +3,36 @@
 //! its own network namespace with a veth to the node and an address from the node's pod CIDR.
 //!
 //! Pure decisions live in their own modules ([`ipam`], [`backoff`], [`images`], [`env`],
-//! [`node_status`], [`pod_status`]); the agent applies them.
+//! [`node_status`], [`pod_status`]); the IO is in [`agent`] (life cycle, one worker per pod, one
+//! supervisor per container), [`sandbox`] (namespaces, veths, routes), [`process`] (container
+//! processes) and [`kubelet`] (the HTTPS endpoint for `kubectl logs`). [`builtin`] holds the
+//! built-in workloads that the node binary runs as `__builtin <name>`.
+//!
+//! The namespace the agent runs in *is* the node: run it inside a node's network namespace
+//! (`--netns`, or from a thread that entered one) and the pods hang off that namespace.
+//!
+//! ```no_run
+//! # async fn demo(client: kube::Client) -> Result<(), simkube_node::Error> {
+//! use simkube_node::images::ImageTable;
+//! use simkube_node::node_status::NodeIdentity;
+//! use simkube_node::{Agent, AgentConfig};
+//!
+//! let identity = NodeIdentity {
+//!     name: "node-a".into(),
+//!     pod_cidr: "10.244.1.0/24".parse().expect("a CIDR"),
+//!     internal_ip: "198.18.0.2".parse().expect("an IP"),
+//!     kubelet_port: 10250,
+//!     cpu: "4".into(),
+//!     memory: "8Gi".into(),
+//!     max_pods: 110,
+//!     labels: Default::default(),
+//! };
+//! let images = ImageTable::new(std::env::current_exe().expect("own path"));
+//! let config = AgentConfig::new(identity, images, "/var/lib/simkube-node".into());
+//! let shutdown = tokio_util::sync::CancellationToken::new();
+//! Agent::new(client, config)?.run(shutdown).await
+//! # }
+//! ```
 
 pub mod agent;
 pub mod backoff;
