@@ -288,7 +288,10 @@ async fn scale_subresource_and_recreate_strategy() {
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "recreate did not finish"
+            "recreate did not finish: {:?}",
+            all.iter()
+                .map(|p| (p.name_any(), image_of(p), is_ready(p), node_of(p)))
+                .collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

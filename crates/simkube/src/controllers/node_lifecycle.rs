@@ -58,10 +58,12 @@ pub fn assess(node: &Node, heartbeat: Timestamp, now: Timestamp, grace: Duration
         .and_then(|s| s.conditions.clone())
         .unwrap_or_default();
     let mut out = Assessment::default();
+    // A node that has not reported yet is neither tainted nor untainted until its grace
+    // period is over (then it is "never updated", Unknown).
     let mut ready = conditions
         .iter()
         .find(|c| c.type_ == "Ready")
-        .map_or("Unknown".to_owned(), |c| c.status.clone());
+        .map(|c| c.status.clone());
     if stale {
         for type_ in KUBELET_CONDITIONS {
             let current = conditions.iter().find(|c| c.type_ == type_);
@@ -84,9 +86,12 @@ pub fn assess(node: &Node, heartbeat: Timestamp, now: Timestamp, grace: Duration
                 last_transition_time: Some(Time(now)),
             });
         }
-        ready = "Unknown".into();
+        ready = Some("Unknown".into());
         out.mark_pods_not_ready = true;
     }
+    let Some(ready) = ready else {
+        return out;
+    };
     let wanted_key = match ready.as_str() {
         "True" => None,
         "False" => Some(TAINT_NOT_READY),
@@ -313,6 +318,20 @@ mod tests {
             ]
         );
         assert!(a.mark_pods_not_ready);
+    }
+
+    #[test]
+    fn unreported_node_waits_for_the_grace_period() {
+        let mut n = node("True", json!([]));
+        n.status = None;
+        let (t0, t1) = (at("2024-01-01T00:00:00Z"), at("2024-01-01T00:00:10Z"));
+        assert_eq!(assess(&n, t0, t1, DEFAULT_GRACE), Assessment::default());
+        let late = assess(&n, t0, at("2024-01-01T00:01:00Z"), DEFAULT_GRACE);
+        assert_eq!(
+            late.conditions[0].reason.as_deref(),
+            Some("NodeStatusNeverUpdated")
+        );
+        assert_eq!(late.taints.map(|t| t.len()), Some(2));
     }
 
     #[test]

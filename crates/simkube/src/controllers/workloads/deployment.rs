@@ -540,11 +540,14 @@ async fn reconcile(cached: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
         );
     }
     let new_state = new_rs.as_ref().map(state_of);
+    // Pods going away change no ReplicaSet, so nothing would wake a Recreate rollout that waits
+    // for them: it polls instead.
+    let mut waiting_for_pods = false;
     let steps = if spec.paused == Some(true) {
         Vec::new()
     } else if recreate {
-        let running = old_pods_running(&ctx.client, &namespace, &old_sets).await?;
-        recreate_steps(replicas, new_state.as_ref(), &old, running)
+        waiting_for_pods = old_pods_running(&ctx.client, &namespace, &old_sets).await?;
+        recreate_steps(replicas, new_state.as_ref(), &old, waiting_for_pods)
     } else {
         rolling_steps(replicas, surge, unavailable, new_state.as_ref(), &old)
     };
@@ -621,7 +624,7 @@ async fn reconcile(cached: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(if changed {
+    Ok(if changed || waiting_for_pods {
         Action::requeue(Duration::from_millis(200))
     } else {
         Action::await_change()
