@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod patch;
 pub mod registry;
 pub mod selectors;
+pub mod service_alloc;
 pub mod store;
 pub mod strategy;
 pub mod table;

@@ -2,7 +2,6 @@
 //! subresources (status, binding, eviction, token, approval, finalize, scale), each running the
 //! write pipeline under one store transaction so checks and the write are atomic.
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 use axum::extract::Request;
@@ -734,20 +733,27 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "services") => {
             let services = txn.list(&TypeKey::new("", "services"), None);
-            let mut ips = HashSet::new();
-            let mut ports = HashSet::new();
-            for s in &services {
-                if let Some(ip) = s["spec"]["clusterIP"].as_str() {
-                    ips.insert(ip.to_owned());
-                }
-                for p in s["spec"]["ports"].as_array().into_iter().flatten() {
-                    if let Some(n) = p["nodePort"].as_i64() {
-                        ports.insert(n);
-                    }
-                }
+            let (network, prefix) = crate::service_alloc::DEFAULT_SERVICE_CIDR;
+            let mut alloc = crate::service_alloc::ServiceAllocator::from_services(
+                network,
+                prefix,
+                services.iter().map(|s| &**s),
+            );
+            if let Err(errors) = alloc.assign(obj, &mut rand::rng()) {
+                let causes: Vec<Cause> = errors
+                    .iter()
+                    .map(|e| Cause {
+                        reason: "FieldValueInvalid".into(),
+                        message: format!("Invalid value: {}: {}", e.value, e.detail),
+                        field: e.field.clone(),
+                    })
+                    .collect();
+                let name = obj["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                return Err(ApiError::invalid("", "Service", &name, &causes));
             }
-            ips.insert("10.96.0.1".to_owned());
-            strategy::allocate_service(obj, &ips, &ports);
         }
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crd::default_crd(obj);
