@@ -175,6 +175,16 @@ impl ClusterBuilder {
         self
     }
 
+    /// Addresses the load-balancer controller gives LoadBalancer Services (none by default:
+    /// they stay pending, as on a cluster without a load-balancer provider).
+    pub fn load_balancer_pool(
+        mut self,
+        pool: impl IntoIterator<Item = std::net::Ipv4Addr>,
+    ) -> Self {
+        self.controller_settings.load_balancer_pool = pool.into_iter().collect();
+        self
+    }
+
     /// Replaces the handler of `pods/{name}/log` and `exec` (by default they are forwarded to
     /// the kubelet endpoint the pod's Node reports, without verifying its certificate).
     pub fn pod_proxy(mut self, proxy: http::PodProxy) -> Self {

@@ -10,6 +10,7 @@
 pub mod csr;
 pub mod endpointslices;
 pub mod gc;
+pub mod loadbalancer;
 pub mod namespace;
 pub mod node_lifecycle;
 pub mod scheduler;
@@ -50,6 +51,8 @@ pub struct Controllers {
     pub endpoint_slices: bool,
     /// Marks nodes whose Lease went stale Unknown and taints them unreachable.
     pub node_lifecycle: bool,
+    /// Gives LoadBalancer Services an ingress IP from the configured pool.
+    pub load_balancer: bool,
 }
 
 impl Controllers {
@@ -64,6 +67,7 @@ impl Controllers {
             workloads: true,
             endpoint_slices: true,
             node_lifecycle: true,
+            load_balancer: true,
         }
     }
 
@@ -82,6 +86,7 @@ impl Controllers {
             || self.workloads
             || self.endpoint_slices
             || self.node_lifecycle
+            || self.load_balancer
     }
 }
 
@@ -90,12 +95,15 @@ impl Controllers {
 pub struct ControllerSettings {
     /// How long a node's Lease may go unrenewed before the node turns Unknown.
     pub node_monitor_grace_period: Duration,
+    /// Addresses handed to LoadBalancer Services (empty: they stay pending).
+    pub load_balancer_pool: Vec<std::net::Ipv4Addr>,
 }
 
 impl Default for ControllerSettings {
     fn default() -> Self {
         Self {
             node_monitor_grace_period: node_lifecycle::DEFAULT_GRACE,
+            load_balancer_pool: Vec::new(),
         }
     }
 }
@@ -139,6 +147,13 @@ pub fn spawn(
         tasks.push(tokio::spawn(node_lifecycle::run(
             client.clone(),
             settings.node_monitor_grace_period,
+            shutdown.clone(),
+        )));
+    }
+    if controllers.load_balancer {
+        tasks.push(tokio::spawn(loadbalancer::run(
+            client.clone(),
+            settings.load_balancer_pool.clone(),
             shutdown.clone(),
         )));
     }

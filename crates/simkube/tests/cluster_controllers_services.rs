@@ -135,3 +135,82 @@ async fn cluster_ips_and_node_ports_are_allocated_and_validated() {
         .await
         .expect("port reused after delete");
 }
+
+fn load_balancer(name: &str) -> Service {
+    service(name, json!({"type": "LoadBalancer"}))
+}
+
+async fn ingress(api: &Api<Service>, name: &str) -> Vec<String> {
+    let svc = api.get(name).await.expect("get");
+    simkube::controllers::loadbalancer::ingress_ips(&svc)
+}
+
+#[tokio::test]
+async fn load_balancers_get_pool_addresses_and_give_them_back() {
+    let pool = [
+        std::net::Ipv4Addr::new(198, 18, 0, 10),
+        std::net::Ipv4Addr::new(198, 18, 0, 11),
+    ];
+    let cluster = simkube::Cluster::builder()
+        .controllers(simkube::controllers::Controllers::all())
+        .load_balancer_pool(pool)
+        .start()
+        .await
+        .expect("start");
+    let api: Api<Service> = Api::default_namespaced(cluster.client());
+    for name in ["a", "b", "c"] {
+        let created = api
+            .create(&PostParams::default(), &load_balancer(name))
+            .await
+            .expect("create");
+        let ports = created.spec.expect("spec").ports.expect("ports");
+        assert!(
+            ports[0].node_port.is_some(),
+            "LoadBalancer services get node ports"
+        );
+        if name != "c" {
+            let got = cluster_controllers_support::eventually("ingress", || async {
+                let ips = ingress(&api, name).await;
+                (!ips.is_empty()).then_some(ips)
+            })
+            .await;
+            let want = if name == "a" {
+                "198.18.0.10"
+            } else {
+                "198.18.0.11"
+            };
+            assert_eq!(got, [want]);
+        }
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        ingress(&api, "c").await.is_empty(),
+        "pool exhausted: c stays pending"
+    );
+
+    // `a` stops being a LoadBalancer: its address goes back and `c` gets it.
+    let patch = json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": null}]}});
+    api.patch(
+        "a",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("to ClusterIP");
+    cluster_controllers_support::eventually("c gets a's address", || async {
+        (ingress(&api, "c").await == ["198.18.0.10"] && ingress(&api, "a").await.is_empty())
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn without_a_pool_load_balancers_stay_pending() {
+    let (_cluster, client) = cluster().await;
+    let api: Api<Service> = Api::default_namespaced(client);
+    api.create(&PostParams::default(), &load_balancer("lb"))
+        .await
+        .expect("create");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(ingress(&api, "lb").await.is_empty());
+}
