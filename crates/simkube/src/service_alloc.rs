@@ -300,6 +300,32 @@ impl ServiceAllocator {
     }
 }
 
+/// On update, a Service leaving NodePort/LoadBalancer drops the node ports it carried over
+/// unchanged from the old object (the real server's `dropTypeDependentFields`), so they are
+/// released; ports the client set anew are kept and then validated.
+pub fn drop_type_dependent_fields(old: &Value, new: &mut Value) {
+    let uses_node_ports = |v: &Value| {
+        matches!(
+            v["spec"]["type"].as_str(),
+            Some("NodePort" | "LoadBalancer")
+        )
+    };
+    if !uses_node_ports(old) || uses_node_ports(new) {
+        return;
+    }
+    let old_ports = old["spec"]["ports"].as_array().cloned().unwrap_or_default();
+    if let Some(ports) = new["spec"]["ports"].as_array_mut() {
+        for (i, p) in ports.iter_mut().enumerate() {
+            let carried = old_ports
+                .get(i)
+                .is_some_and(|o| o["nodePort"] == p["nodePort"]);
+            if carried && let Some(map) = p.as_object_mut() {
+                map.remove("nodePort");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
@@ -351,6 +377,19 @@ mod tests {
             };
             assert_eq!(got, want, "{svc}");
         }
+    }
+
+    #[test]
+    fn leaving_node_port_drops_carried_over_ports() {
+        let old = json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}});
+        let mut new =
+            json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": 30080}]}});
+        drop_type_dependent_fields(&old, &mut new);
+        assert!(new["spec"]["ports"][0].get("nodePort").is_none());
+        let mut still =
+            json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080}]}});
+        drop_type_dependent_fields(&old, &mut still);
+        assert_eq!(still["spec"]["ports"][0]["nodePort"], 30080);
     }
 
     #[test]

@@ -189,7 +189,8 @@ async fn load_balancers_get_pool_addresses_and_give_them_back() {
     );
 
     // `a` stops being a LoadBalancer: its address goes back and `c` gets it.
-    let patch = json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80, "nodePort": null}]}});
+    // The node port carried over is dropped with the type, as the real server does.
+    let patch = json!({"spec": {"type": "ClusterIP"}});
     api.patch(
         "a",
         &kube::api::PatchParams::default(),
@@ -197,6 +198,11 @@ async fn load_balancers_get_pool_addresses_and_give_them_back() {
     )
     .await
     .expect("to ClusterIP");
+    let a = api.get("a").await.expect("get");
+    assert_eq!(
+        a.spec.expect("spec").ports.expect("ports")[0].node_port,
+        None
+    );
     cluster_controllers_support::eventually("c gets a's address", || async {
         (ingress(&api, "c").await == ["198.18.0.10"] && ingress(&api, "a").await.is_empty())
             .then_some(())

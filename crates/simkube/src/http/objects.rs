@@ -802,6 +802,9 @@ fn admit_rbac(
 
 fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiError> {
     let rt = &ctx.rt;
+    if rt.group.is_empty() && rt.plural == "services" {
+        crate::service_alloc::drop_type_dependent_fields(old, new);
+    }
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
         crd::default_crd(new);
         crd::validate_crd_update(old, new)?;
