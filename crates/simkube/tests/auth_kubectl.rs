@@ -2,6 +2,10 @@
 //! `simkube::tls` work as written, `kubectl auth can-i`/`whoami` answer for a restricted
 //! ServiceAccount, and denials print kube-apiserver's Forbidden message.
 
+mod support;
+
+use support::kubectl_available;
+
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -11,23 +15,6 @@ use kube::Client;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use simkube::Cluster;
-
-/// Whether kubectl can be run; outside CI its absence skips the test with a notice.
-fn kubectl_available() -> bool {
-    let found = std::process::Command::new("kubectl")
-        .arg("version")
-        .arg("--client")
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubectl is required in CI but was not found"
-        );
-        eprintln!("skipping: kubectl not found on PATH (set CI to make this a failure)");
-    }
-    found
-}
 
 struct Kubectl {
     kubeconfig: PathBuf,

@@ -5,6 +5,10 @@
 //! the refused imperative `create configmap`. Skipped with a message when kubectl is absent,
 //! unless `CI` is set (then it fails).
 
+mod support;
+
+use support::kubectl_available;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -16,23 +20,6 @@ use kube::discovery::ApiResource;
 use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
 use serde_json::Value;
 use simkube::Cluster;
-
-fn kubectl_available() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubectl is required in CI but was not found on PATH"
-        );
-        eprintln!("skipping: kubectl not found on PATH");
-    }
-    found
-}
 
 /// One kubeconfig file and one discovery cache directory, both private to a test.
 struct Kubectl {

@@ -3,6 +3,10 @@
 //! `wait` for an established CRD, `explain`, and `get -w`. Each test uses a fresh discovery cache.
 //! Skipped with a message when kubectl is absent, unless `CI` is set (then it fails).
 
+mod support;
+
+use support::kubectl_available;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
@@ -11,23 +15,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use simkube::Cluster;
-
-fn kubectl_available() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubectl is required in CI but was not found on PATH"
-        );
-        eprintln!("skipping: kubectl not found on PATH");
-    }
-    found
-}
 
 struct Kubectl {
     dir: tempfile::TempDir,

@@ -3,8 +3,12 @@
 //! `Warning: 299` headers and drops the fields, Ignore drops them silently. The kubectl tests
 //! skip with a message when kubectl is absent, unless `CI` is set.
 
+mod support;
+
+use support::kubectl_available;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
@@ -253,23 +257,6 @@ async fn custom_resources_are_checked_before_pruning() {
         .await
         .expect("ignore prunes");
     assert_eq!(pruned["spec"], json!({"size": 1}));
-}
-
-fn kubectl_available() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubectl is required in CI but was not found on PATH"
-        );
-        eprintln!("skipping: kubectl not found on PATH");
-    }
-    found
 }
 
 async fn kubectl(kubeconfig: &Path, cache: PathBuf, args: &[&str]) -> Output {

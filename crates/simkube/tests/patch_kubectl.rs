@@ -2,30 +2,17 @@
 //! patch with `$setElementOrder` and `$retainKeys`), `kubectl patch` and server-side apply with
 //! conflicts. Skipped with a message when kubectl is absent, unless `CI` is set.
 
+mod support;
+
+use support::kubectl_available;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use simkube::Cluster;
-
-fn kubectl_available() -> bool {
-    let found = Command::new("kubectl")
-        .args(["version", "--client"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubectl is required in CI but was not found on PATH"
-        );
-        eprintln!("skipping: kubectl not found on PATH");
-    }
-    found
-}
 
 struct Kubectl {
     dir: tempfile::TempDir,
