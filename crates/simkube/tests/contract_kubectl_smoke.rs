@@ -7,10 +7,9 @@
 
 mod support;
 
-use support::kubectl_available;
+use support::{Kubectl, kubectl_available};
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -20,70 +19,6 @@ use kube::discovery::ApiResource;
 use kube::runtime::events::{Event as RecordedEvent, EventType, Recorder, Reporter};
 use serde_json::Value;
 use simkube::Cluster;
-
-/// One kubeconfig file and one discovery cache directory, both private to a test.
-struct Kubectl {
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn new(cluster: &Cluster) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        cluster
-            .write_kubeconfig(&kubeconfig)
-            .expect("write kubeconfig");
-        Self { dir, kubeconfig }
-    }
-
-    fn file(&self, name: &str, body: &str) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, body).expect("manifest");
-        p.to_str().expect("utf-8 path").to_owned()
-    }
-
-    fn command_with_cache(&self, cache: &str, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.dir.path().join(cache))
-            .args(args);
-        cmd
-    }
-
-    async fn output(mut cmd: Command) -> Output {
-        tokio::task::spawn_blocking(move || cmd.output().expect("run kubectl"))
-            .await
-            .expect("join")
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        Self::output(self.command_with_cache("cache", args)).await
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    async fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            !out.status.success(),
-            "kubectl {args:?} should fail: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-}
 
 /// The words of each non-empty output line, so column spacing does not matter.
 fn words(out: &str) -> Vec<Vec<String>> {

@@ -5,74 +5,15 @@
 
 mod support;
 
-use support::kubectl_available;
+use support::{Kubectl, kubectl_available};
 
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use simkube::Cluster;
-
-struct Kubectl {
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn new(cluster: &Cluster) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, cluster.kubeconfig()).expect("kubeconfig");
-        Self { dir, kubeconfig }
-    }
-
-    fn file(&self, name: &str, body: &str) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, body).expect("manifest");
-        p.to_str().expect("utf-8 path").to_owned()
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new("kubectl");
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .args(args);
-        cmd
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        let mut cmd = self.command(args);
-        tokio::task::spawn_blocking(move || cmd.output().expect("run kubectl"))
-            .await
-            .expect("join")
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    async fn fails(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            !out.status.success(),
-            "kubectl {args:?} should fail: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    }
-}
 
 /// The words of each output line, so column spacing does not matter.
 fn words(out: &str) -> Vec<Vec<String>> {

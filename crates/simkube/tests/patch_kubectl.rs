@@ -4,68 +4,12 @@
 
 mod support;
 
-use support::kubectl_available;
-
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use support::{Kubectl, kubectl_available};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::Api;
 use simkube::Cluster;
-
-struct Kubectl {
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn new(cluster: &Cluster) -> Self {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        std::fs::write(&kubeconfig, cluster.kubeconfig()).expect("kubeconfig");
-        Self { dir, kubeconfig }
-    }
-
-    fn file(&self, name: &str, body: &str) -> PathBuf {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, body).expect("manifest");
-        p
-    }
-
-    async fn run(&self, args: &[&str]) -> Output {
-        let kubeconfig = self.kubeconfig.clone();
-        let cache = self.dir.path().join("cache");
-        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-        tokio::task::spawn_blocking(move || {
-            Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&kubeconfig)
-                .arg("--cache-dir")
-                .arg(&cache)
-                .args(&args)
-                .output()
-                .expect("run kubectl")
-        })
-        .await
-        .expect("join")
-    }
-
-    async fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args).await;
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-}
-
-fn path_arg(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
 
 const DEPLOY_V1: &str = r#"
 apiVersion: apps/v1
@@ -132,7 +76,7 @@ async fn kubectl_client_side_apply_three_way_patches() {
         .expect("cluster");
     let k = Kubectl::new(&cluster);
     let v1 = k.file("v1.yaml", DEPLOY_V1);
-    k.ok(&["apply", "-f", path_arg(&v1)]).await;
+    k.ok(&["apply", "-f", &v1]).await;
     let api: Api<Deployment> = Api::default_namespaced(cluster.client());
     let first = api.get("web").await.expect("created");
     assert!(
@@ -147,7 +91,7 @@ async fn kubectl_client_side_apply_three_way_patches() {
     k.ok(&["annotate", "deployment", "web", "owner=someone-else"])
         .await;
     let v2 = k.file("v2.yaml", DEPLOY_V2);
-    k.ok(&["apply", "-f", path_arg(&v2)]).await;
+    k.ok(&["apply", "-f", &v2]).await;
     let d = api.get("web").await.expect("get");
     let labels = d.metadata.labels.clone().unwrap_or_default();
     assert_eq!(
@@ -252,7 +196,7 @@ async fn kubectl_server_side_apply_reports_conflicts_and_forces() {
         "--server-side",
         "--field-manager=first",
         "-f",
-        path_arg(&one),
+        &one,
     ])
     .await;
     let out = k
@@ -261,7 +205,7 @@ async fn kubectl_server_side_apply_reports_conflicts_and_forces() {
             "--server-side",
             "--field-manager=second",
             "-f",
-            path_arg(&two),
+            &two,
         ])
         .await;
     assert!(!out.status.success(), "a conflicting apply fails");
@@ -280,7 +224,7 @@ async fn kubectl_server_side_apply_reports_conflicts_and_forces() {
         "--force-conflicts",
         "--field-manager=second",
         "-f",
-        path_arg(&two),
+        &two,
     ])
     .await;
     let api: Api<ConfigMap> = Api::default_namespaced(cluster.client());
