@@ -2,8 +2,6 @@
 //! network namespaces (root; skipped with a printed reason only when not root and CI is unset).
 
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{AsyncBufReadExt as _, TryStreamExt as _};
@@ -12,165 +10,14 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, LogParams, PostParams};
 use serde_json::json;
-use simkube_node::backoff::Backoff;
-use simkube_node::images::ImageTable;
-use simkube_node::node_status::NodeIdentity;
-use simkube_node::{Agent, AgentConfig, sandbox};
-use tether_testkit::{Netns, patience, require_root_or_skip};
+use simkube_node::sandbox;
+use tether_testkit::{patience, require_root_or_skip};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
-use tokio_util::sync::CancellationToken;
 
-static SEQ: AtomicU32 = AtomicU32::new(0);
-
-/// One simulated node: its namespace (where the API server, the agent and the test client run),
-/// the agent's sandbox prefix, and a guard removing leftover sandboxes even after a panic.
-struct Fixture {
-    netns: Netns,
-    node: String,
-    prefix: String,
-    state: tempfile::TempDir,
-}
-
-impl Fixture {
-    fn new(label: &str) -> Self {
-        let netns = Netns::new(label).expect("node namespace");
-        // The node's InternalIP; on `lo` because this kernel may lack the dummy link type.
-        netns
-            .ip(&["addr", "add", "198.18.0.10/32", "dev", "lo"])
-            .expect("node address");
-        let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-        let node = format!("node-{seq}");
-        // Sandbox names carry this process's PID in the testkit's format, so the testkit's sweep
-        // also removes them if this run is killed.
-        let prefix = format!("tt{}-sk{seq}-", std::process::id());
-        Self {
-            netns,
-            node,
-            prefix,
-            state: tempfile::tempdir().expect("state dir"),
-        }
-    }
-
-    fn config(&self, backoff: Backoff) -> AgentConfig {
-        let identity = NodeIdentity {
-            name: self.node.clone(),
-            pod_cidr: "10.244.7.0/24".parse().expect("cidr"),
-            internal_ip: "198.18.0.10".parse().expect("ip"),
-            kubelet_port: 10250,
-            cpu: "2".into(),
-            memory: "4Gi".into(),
-            max_pods: 20,
-            labels: Default::default(),
-        };
-        let images = ImageTable::new(env!("CARGO_BIN_EXE_simkube-node"));
-        let mut config = AgentConfig::new(identity, images, self.state.path().to_owned());
-        config.backoff = backoff;
-        config.lease_renew = Duration::from_millis(300);
-        config.netns_prefix = self.prefix.clone();
-        config.shutdown_grace = Duration::from_millis(500);
-        config
-    }
-
-    /// Runs `body` with a fresh cluster and a running agent, all inside the node namespace.
-    fn run<F, Fut>(&self, backoff: Backoff, body: F)
-    where
-        F: FnOnce(kube::Client, String) -> Fut + Send,
-        Fut: std::future::Future<Output = ()>,
-    {
-        let config = self.config(backoff);
-        let node = self.node.clone();
-        self.netns.run_async(|| async move {
-            let cluster = simkube::Cluster::builder().start().await.expect("cluster");
-            let client = cluster.client();
-            let agent = Agent::new(client.clone(), config).expect("agent");
-            let shutdown = CancellationToken::new();
-            let handle = tokio::spawn(agent.run(shutdown.clone()));
-            body(client, node).await;
-            shutdown.cancel();
-            handle.await.expect("agent task").expect("agent ran");
-            cluster.shutdown().await;
-        });
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        for (netns, _) in sandbox::list(&self.prefix) {
-            eprintln!("removing leftover sandbox {netns}");
-            let _ = std::process::Command::new("ip")
-                .args(["netns", "del", &netns])
-                .status();
-        }
-    }
-}
-
-fn fast_backoff() -> Backoff {
-    Backoff {
-        initial: Duration::from_millis(300),
-        max: Duration::from_secs(2),
-        reset_after: Duration::from_secs(60),
-    }
-}
-
-fn pod(name: &str, node: &str, image: &str, args: &[&str], restart: &str) -> Pod {
-    serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 2,
-            "containers": [{
-                "name": "main", "image": image, "args": args,
-                "env": [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
-            }]
-        }
-    }))
-    .expect("pod")
-}
-
-/// Polls `get` until `check` accepts the pod; panics with the last pod seen after `timeout`.
-async fn wait_pod(
-    api: &Api<Pod>,
-    name: &str,
-    timeout: Duration,
-    what: &str,
-    check: impl Fn(&Pod) -> bool,
-) -> Pod {
-    let deadline = Instant::now() + patience(timeout);
-    loop {
-        let pod = api.get_opt(name).await.expect("get pod");
-        if let Some(pod) = &pod
-            && check(pod)
-        {
-            return pod.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pod {name}: {what} not reached; last status: {}",
-            serde_json::to_string_pretty(&pod.and_then(|p| p.status)).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn container_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
-    pod.status.as_ref()?.container_statuses.as_ref()?.first()
-}
-
-fn waiting_reason(pod: &Pod) -> Option<String> {
-    container_status(pod)?
-        .state
-        .as_ref()?
-        .waiting
-        .as_ref()?
-        .reason
-        .clone()
-}
-
-fn netns_exists(name: &str) -> bool {
-    PathBuf::from(sandbox::NETNS_DIR).join(name).exists()
-}
+mod support;
+use support::{
+    Fixture, container_status, fast_backoff, netns_exists, pod, wait_pod, waiting_reason,
+};
 
 #[test]
 fn node_registers_ready_and_renews_its_lease() {
