@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
+use crate::containers::{ContainerKey, Containers, RunningContainer};
 use crate::env::{self, Sources};
 use crate::error::Error;
 use crate::images::ImageTable;
@@ -102,6 +103,7 @@ struct Ctx {
     config: AgentConfig,
     ipam: Mutex<PodIpAllocator>,
     live_logs: LiveLogs,
+    containers: Containers,
 }
 
 impl Ctx {
@@ -153,6 +155,7 @@ impl Agent {
                 config,
                 ipam: Mutex::new(ipam),
                 live_logs: LiveLogs::default(),
+                containers: Containers::default(),
             }),
         })
     }
@@ -863,6 +866,26 @@ async fn supervise(s: Supervisor) {
         let exit = match spawned {
             Ok(mut process) => {
                 tracing::info!(container = %key, pid = process.pid(), "container started");
+                let registered = ContainerKey::new(
+                    s.pod.metadata.namespace.as_deref().unwrap_or_default(),
+                    s.pod.metadata.name.as_deref().unwrap_or_default(),
+                    &s.container.name,
+                );
+                s.ctx.containers.insert(
+                    registered.clone(),
+                    RunningContainer {
+                        pod_uid: s.pod.metadata.uid.clone().unwrap_or_default(),
+                        pid: process.pid(),
+                        netns: s.netns.clone(),
+                        env: vars.clone(),
+                        working_dir: working_dir.clone(),
+                    },
+                );
+                let _registration = Registration {
+                    containers: s.ctx.containers.clone(),
+                    key: registered,
+                    pid: process.pid(),
+                };
                 record.phase = ContainerPhase::Running { started_at };
                 s.send(&record).await;
                 tokio::select! {
@@ -928,6 +951,19 @@ async fn supervise(s: Supervisor) {
             return;
         }
         record.restart_count += 1;
+    }
+}
+
+/// Removes a container run from the registry when it ends, however it ends.
+struct Registration {
+    containers: Containers,
+    key: ContainerKey,
+    pid: u32,
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.containers.remove(&self.key, self.pid);
     }
 }
 
