@@ -37,6 +37,7 @@
 pub mod agent;
 pub mod backoff;
 pub mod builtin;
+pub mod container_log;
 pub mod containers;
 pub mod env;
 mod error;

@@ -14,6 +14,9 @@ use nix::sched::CloneFlags;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
+mod exec;
+pub use exec::{ExecOutput, ExecProcess, ExecStdio, Pty, run_in_container, spawn_in_container};
+
 /// `PATH` for containers whose environment sets none (the usual image default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -37,7 +40,13 @@ pub struct Launch<'a> {
 pub struct ContainerProcess {
     child: tokio::process::Child,
     pid: Pid,
+    /// Copies the container's output into its log file (see [`crate::container_log`]).
+    log_writer: Option<tokio::task::JoinHandle<()>>,
 }
+
+/// How long a finished container's last output may take to reach its log file; processes it
+/// left behind may hold its pipes open for longer, and their output still goes to the file.
+const LOG_DRAIN: Duration = Duration::from_secs(2);
 
 /// How a process ended: exit code in Kubernetes terms and the signal, if one killed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,18 +66,15 @@ impl ContainerProcess {
             .split_first()
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty argv"))?;
         let netns = File::open(launch.netns)?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(launch.log)?;
+        let (log_sink, stdout, stderr) = crate::container_log::LogSink::open(launch.log)?;
         let mut command = std::process::Command::new(program);
         command
             .args(args)
             .env_clear()
             .current_dir(launch.working_dir)
             .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+            .stdout(stdout)
+            .stderr(stderr);
         if !launch.env.iter().any(|(k, _)| k == "PATH") {
             command.env("PATH", DEFAULT_PATH);
         }
@@ -96,9 +102,13 @@ impl ContainerProcess {
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .ok_or_else(|| io::Error::other("spawned process has no PID"))?;
+        // The pipes' write ends went with the `Command`: the writer sees their end when the
+        // container (and whatever inherited them) is gone.
+        let log_writer = Some(log_sink.start()?);
         Ok(Self {
             child,
             pid: Pid::from_raw(raw),
+            log_writer,
         })
     }
 
@@ -107,9 +117,13 @@ impl ContainerProcess {
         self.pid.as_raw().unsigned_abs()
     }
 
-    /// Waits for the process to exit.
+    /// Waits for the process to exit and its output to reach the log file.
     pub async fn wait(&mut self) -> io::Result<Exit> {
         let status = self.child.wait().await?;
+        if let Some(writer) = self.log_writer.as_mut() {
+            let _ = tokio::time::timeout(LOG_DRAIN, writer).await;
+            self.log_writer = None;
+        }
         Ok(match (status.code(), status.signal()) {
             (Some(code), _) => Exit { code, signal: None },
             (None, Some(signal)) => Exit {
