@@ -64,6 +64,8 @@ pub struct ClusterBuilder {
     rv_offset: Option<u64>,
     controllers: Controllers,
     controller_settings: ControllerSettings,
+    service_cidr: ipnet::Ipv4Net,
+    advertise: Option<SocketAddr>,
     background: Vec<BackgroundTask>,
     pod_proxy: Option<http::PodProxy>,
 }
@@ -95,6 +97,8 @@ impl Default for ClusterBuilder {
             rv_offset: None,
             controllers: Controllers::none(),
             controller_settings: ControllerSettings::default(),
+            service_cidr: crate::service_alloc::DEFAULT_SERVICE_CIDR,
+            advertise: None,
             background: Vec::new(),
             pod_proxy: None,
         }
@@ -185,6 +189,20 @@ impl ClusterBuilder {
         self
     }
 
+    /// The range ClusterIPs come from (10.96.0.0/12 by default). The `kubernetes` Service gets
+    /// its first address; requests outside it are refused with the real server's 422.
+    pub fn service_cidr(mut self, cidr: ipnet::Ipv4Net) -> Self {
+        self.service_cidr = cidr.trunc();
+        self
+    }
+
+    /// The address the `kubernetes` Service's endpoints name, as kube-apiserver's
+    /// `--advertise-address` and `--secure-port` (by default the address the server listens on).
+    pub fn advertise(mut self, addr: SocketAddr) -> Self {
+        self.advertise = Some(addr);
+        self
+    }
+
     /// Replaces the handler of `pods/{name}/log` and `exec` (by default they are forwarded to
     /// the kubelet endpoint the pod's Node reports, without verifying its certificate).
     pub fn pod_proxy(mut self, proxy: http::PodProxy) -> Self {
@@ -247,6 +265,7 @@ impl ClusterBuilder {
                 bookmark_interval: self.bookmark_interval,
                 default_watch_timeout: self.watch_timeout,
                 anonymous_is_admin: !self.tls && !self.rbac,
+                service_cidr: self.service_cidr,
             },
             store: Store::new(StoreConfig {
                 history: self.history,
@@ -266,7 +285,6 @@ impl ClusterBuilder {
             rbac_cache: Mutex::new(None),
         });
         let _ = slot.set(Arc::downgrade(&state));
-        seed(&state);
         let listener = bind(self.bind).await?;
         let addr = listener.local_addr().map_err(|source| Error::Bind {
             addr: self.bind,
@@ -290,6 +308,15 @@ impl ClusterBuilder {
             addr.ip().to_string()
         };
         let url = format!("{scheme}://{host}:{}", addr.port());
+        let advertise = self.advertise.unwrap_or_else(|| {
+            let ip = if addr.ip().is_unspecified() {
+                std::net::IpAddr::from([127, 0, 0, 1])
+            } else {
+                addr.ip()
+            };
+            SocketAddr::new(ip, addr.port())
+        });
+        seed(&state, advertise);
         let cluster = Cluster {
             name: self.name,
             url,
@@ -298,6 +325,7 @@ impl ClusterBuilder {
             ca,
             tls_config,
             admin_token: SecretToken::new(admin_token),
+            advertise,
             running: Mutex::new(None),
             background_stop: CancellationToken::new(),
             background: Mutex::new(Vec::new()),
@@ -316,6 +344,11 @@ impl ClusterBuilder {
                 cluster.background_stop.clone(),
             ));
         }
+        handles.push(tokio::spawn(keep_kubernetes_service(
+            cluster.state.clone(),
+            advertise,
+            cluster.background_stop.clone(),
+        )));
         for task in self.background {
             handles.extend(task(&cluster, cluster.background_stop.clone()));
         }
@@ -359,9 +392,9 @@ async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Error> {
         .map_err(|source| Error::Bind { addr, source })
 }
 
-/// The objects a fresh cluster has: system namespaces, the `kubernetes` Service and the
-/// default RBAC policy.
-fn seed(state: &ServerState) {
+/// The objects a fresh cluster has: system namespaces, the `kubernetes` Service with its
+/// endpoints, and the default RBAC policy.
+fn seed(state: &ServerState, advertise: SocketAddr) {
     let registry = state.registry();
     let mut objects: Vec<(&str, &str, Value)> = Vec::new();
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -371,13 +404,6 @@ fn seed(state: &ServerState) {
             json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
         ));
     }
-    objects.push((
-        "",
-        "services",
-        json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "kubernetes", "namespace": "default",
-            "labels": {"component": "apiserver", "provider": "kubernetes"}},
-            "spec": {"clusterIP": "10.96.0.1", "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 6443}]}}),
-    ));
     for role in auth::default_cluster_roles() {
         objects.push((auth::RBAC_GROUP, "clusterroles", role));
     }
@@ -398,6 +424,122 @@ fn seed(state: &ServerState) {
             }
         }
     });
+    reconcile_kubernetes_service(state, advertise);
+}
+
+/// How often the server re-asserts the `kubernetes` Service and its endpoints (kube-apiserver
+/// does every 10 s; in-process this costs three map lookups, so repairs show sooner).
+const KUBERNETES_SERVICE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// kube-apiserver's bootstrap controller and endpoint reconciler: the `kubernetes` Service in
+/// `default` exists with its https port, and its Endpoints and EndpointSlice name the
+/// advertised address, whatever clients did to them.
+async fn keep_kubernetes_service(
+    state: Arc<ServerState>,
+    advertise: SocketAddr,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(KUBERNETES_SERVICE_INTERVAL) => {}
+        }
+        reconcile_kubernetes_service(&state, advertise);
+    }
+}
+
+/// What the `kubernetes` Service, Endpoints and EndpointSlice must say (the Service's
+/// ClusterIP, the first address of the service range, is set only at creation).
+fn kubernetes_service_objects(
+    cidr: ipnet::Ipv4Net,
+    advertise: SocketAddr,
+) -> [(&'static str, &'static str, Value); 3] {
+    let cluster_ip = std::net::Ipv4Addr::from(u32::from(cidr.network()).saturating_add(1));
+    let port = json!({"name": "https", "port": advertise.port(), "protocol": "TCP"});
+    let address_type = if advertise.is_ipv4() { "IPv4" } else { "IPv6" };
+    let ip = advertise.ip().to_string();
+    [
+        (
+            "",
+            "services",
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "kubernetes", "namespace": "default",
+                    "labels": {"component": "apiserver", "provider": "kubernetes"}},
+                "spec": {"clusterIP": cluster_ip.to_string(), "clusterIPs": [cluster_ip.to_string()],
+                    "type": "ClusterIP", "sessionAffinity": "None",
+                    "ports": [{"name": "https", "port": 443, "protocol": "TCP",
+                        "targetPort": advertise.port()}]}}),
+        ),
+        (
+            "",
+            "endpoints",
+            json!({"apiVersion": "v1", "kind": "Endpoints",
+                "metadata": {"name": "kubernetes", "namespace": "default",
+                    "labels": {"endpointslice.kubernetes.io/skip-mirror": "true"}},
+                "subsets": [{"addresses": [{"ip": ip}], "ports": [port]}]}),
+        ),
+        (
+            "discovery.k8s.io",
+            "endpointslices",
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+                "metadata": {"name": "kubernetes", "namespace": "default",
+                    "labels": {"kubernetes.io/service-name": "kubernetes"}},
+                "addressType": address_type,
+                "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+                "ports": [port]}),
+        ),
+    ]
+}
+
+/// Creates whichever of the three objects is missing and puts back the fields the server
+/// owns (the Service's ports, the endpoints' addresses and ports) where they were changed.
+fn reconcile_kubernetes_service(state: &ServerState, advertise: SocketAddr) {
+    let registry = state.registry();
+    let objects = kubernetes_service_objects(state.config.service_cidr, advertise);
+    state.store.transact(|txn| {
+        if txn
+            .get(&TypeKey::new("", "namespaces"), "", "default")
+            .is_none()
+        {
+            return;
+        }
+        for (group, plural, want) in objects {
+            let Some(rt) = registry
+                .types
+                .iter()
+                .find(|t| t.group == group && t.plural == plural)
+            else {
+                continue;
+            };
+            let key = TypeKey::new(group, plural);
+            match txn.get(&key, "default", "kubernetes") {
+                None => {
+                    let mut obj = want;
+                    if strategy::prepare_create(rt, &mut obj).is_ok() {
+                        txn.put(&key, obj);
+                    }
+                }
+                Some(have) => {
+                    let mut fixed = (*have).clone();
+                    if plural == "services" {
+                        if fixed["spec"].is_object() {
+                            fixed["spec"]["ports"] = want["spec"]["ports"].clone();
+                        }
+                    } else {
+                        for field in ["subsets", "addressType", "endpoints", "ports"] {
+                            if let Some(value) = want.get(field) {
+                                fixed[field] = value.clone();
+                            }
+                        }
+                    }
+                    // `put` leaves an object that comes out unchanged alone.
+                    if strategy::prepare_update(rt, &have, &mut fixed, None).is_ok() {
+                        txn.put(&key, fixed);
+                    }
+                }
+            }
+        }
+    });
 }
 
 struct Running {
@@ -415,6 +557,7 @@ pub struct Cluster {
     ca: Option<Arc<CertAuthority>>,
     tls_config: Option<Arc<rustls::ServerConfig>>,
     admin_token: SecretToken,
+    advertise: SocketAddr,
     running: Mutex<Option<Running>>,
     background_stop: CancellationToken,
     background: Mutex<Vec<JoinHandle<()>>>,
@@ -622,7 +765,7 @@ impl Cluster {
         if !keep_state {
             self.state.store.reset();
             self.state.set_registry(Registry::with_builtins());
-            seed(&self.state);
+            seed(&self.state, self.advertise);
         }
         let mut attempt = 0;
         let listener = loop {

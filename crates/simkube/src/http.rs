@@ -81,6 +81,8 @@ pub struct ServerConfig {
     /// Requests without credentials act as the admin, like the old insecure port. Only for
     /// plain HTTP without RBAC: kubectl never sends a bearer token over plain HTTP.
     pub anonymous_is_admin: bool,
+    /// The range ClusterIPs are allocated from (10.96.0.0/12 by default).
+    pub service_cidr: ipnet::Ipv4Net,
 }
 
 /// Hook for `pods/{name}/log` and `pods/{name}/exec` (the kubelet proxy plugs in here).

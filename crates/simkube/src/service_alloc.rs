@@ -10,11 +10,13 @@ use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::ops::RangeInclusive;
 
+use ipnet::Ipv4Net;
 use rand::Rng;
 use serde_json::{Value, json};
 
-/// The default service CIDR, 10.96.0.0/12.
-pub const DEFAULT_SERVICE_CIDR: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 96, 0, 0), 12);
+/// The default service CIDR, 10.96.0.0/12 (kube-apiserver's `--service-cluster-ip-range` as
+/// kubeadm sets it).
+pub const DEFAULT_SERVICE_CIDR: Ipv4Net = Ipv4Net::new_assert(Ipv4Addr::new(10, 96, 0, 0), 12);
 /// The default node port range.
 pub const NODE_PORT_RANGE: RangeInclusive<u16> = 30000..=32767;
 
@@ -41,14 +43,16 @@ pub struct ServiceAllocator {
 
 impl Default for ServiceAllocator {
     fn default() -> Self {
-        Self::new(DEFAULT_SERVICE_CIDR.0, DEFAULT_SERVICE_CIDR.1)
+        Self::new(DEFAULT_SERVICE_CIDR)
     }
 }
 
 impl ServiceAllocator {
-    /// An empty allocator for `network/prefix` (host bits of `network` are ignored).
-    pub fn new(network: Ipv4Addr, prefix: u8) -> Self {
-        let prefix = prefix.min(30);
+    /// An empty allocator for `cidr` (host bits are ignored; ranges smaller than a /30 are
+    /// treated as a /30, the smallest with a usable address).
+    pub fn new(cidr: Ipv4Net) -> Self {
+        let network = cidr.network();
+        let prefix = cidr.prefix_len().min(30);
         let mask = if prefix == 0 {
             0
         } else {
@@ -63,12 +67,8 @@ impl ServiceAllocator {
     }
 
     /// An allocator holding what `services` (stored Service objects) already use.
-    pub fn from_services<'a>(
-        network: Ipv4Addr,
-        prefix: u8,
-        services: impl IntoIterator<Item = &'a Value>,
-    ) -> Self {
-        let mut out = Self::new(network, prefix);
+    pub fn from_services<'a>(cidr: Ipv4Net, services: impl IntoIterator<Item = &'a Value>) -> Self {
+        let mut out = Self::new(cidr);
         for svc in services {
             out.hold(svc);
         }
@@ -423,11 +423,7 @@ mod tests {
             json!({"spec": {"clusterIP": "10.96.0.1"}}),
             json!({"spec": {"clusterIP": "10.96.3.4", "ports": [{"nodePort": 30080}]}}),
         ];
-        let mut a = ServiceAllocator::from_services(
-            DEFAULT_SERVICE_CIDR.0,
-            DEFAULT_SERVICE_CIDR.1,
-            &stored,
-        );
+        let mut a = ServiceAllocator::from_services(DEFAULT_SERVICE_CIDR, &stored);
         let mut r = rng();
         assert!(
             a.allocate_ip(Some(Ipv4Addr::new(10, 96, 3, 4)), &mut r)
@@ -439,7 +435,7 @@ mod tests {
 
     #[test]
     fn a_small_range_fills_up_then_reuses_released_addresses() {
-        let mut a = ServiceAllocator::new(Ipv4Addr::new(10, 0, 0, 0), 29);
+        let mut a = ServiceAllocator::new("10.0.0.0/29".parse().expect("cidr"));
         let mut r = rng();
         let got: BTreeSet<Ipv4Addr> = (0..6)
             .map(|_| a.allocate_ip(None, &mut r).expect("free"))
@@ -461,7 +457,7 @@ mod tests {
     proptest! {
         #[test]
         fn never_hands_out_a_duplicate(seed in any::<u64>(), ops in proptest::collection::vec((any::<bool>(), 0usize..40), 1..200)) {
-            let mut a = ServiceAllocator::new(Ipv4Addr::new(10, 1, 0, 0), 26);
+            let mut a = ServiceAllocator::new("10.1.0.0/26".parse().expect("cidr"));
             let mut r = StdRng::seed_from_u64(seed);
             let mut ips: Vec<Ipv4Addr> = Vec::new();
             let mut ports: Vec<u16> = Vec::new();

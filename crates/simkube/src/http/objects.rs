@@ -733,10 +733,8 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "services") => {
             let services = txn.list(&TypeKey::new("", "services"), None);
-            let (network, prefix) = crate::service_alloc::DEFAULT_SERVICE_CIDR;
             let mut alloc = crate::service_alloc::ServiceAllocator::from_services(
-                network,
-                prefix,
+                ctx.state.config.service_cidr,
                 services.iter().map(|s| &**s),
             );
             if let Err(errors) = alloc.assign(obj, &mut rand::rng()) {
