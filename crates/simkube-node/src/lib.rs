@@ -46,7 +46,10 @@ pub mod ipam;
 pub mod kubelet;
 pub mod node_status;
 pub mod pod_status;
+pub mod prober;
+pub mod probes;
 pub mod process;
+pub mod proxy;
 pub mod sandbox;
 
 pub use agent::{Agent, AgentConfig};

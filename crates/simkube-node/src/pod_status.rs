@@ -74,6 +74,10 @@ pub struct ContainerRecord {
     pub last_termination: Option<Termination>,
     /// Runtime ID of the current (or last) run.
     pub container_id: Option<String>,
+    /// The current run passed its startup probe, or the container has none.
+    pub startup_passed: bool,
+    /// The current run's readiness probe counts a success, or the container has none.
+    pub readiness_passed: bool,
 }
 
 impl ContainerRecord {
@@ -89,6 +93,8 @@ impl ContainerRecord {
             restart_count: 0,
             last_termination: None,
             container_id: None,
+            startup_passed: true,
+            readiness_passed: true,
         }
     }
 
@@ -98,8 +104,14 @@ impl ContainerRecord {
             || !matches!(self.phase, ContainerPhase::Waiting { .. })
     }
 
+    /// Running and past its startup probe (the kubelet's `started`).
+    fn started(&self) -> bool {
+        matches!(self.phase, ContainerPhase::Running { .. }) && self.startup_passed
+    }
+
+    /// Started and passing its readiness probe (the kubelet's `ready`).
     fn ready(&self) -> bool {
-        matches!(self.phase, ContainerPhase::Running { .. })
+        self.started() && self.readiness_passed
     }
 }
 
@@ -296,7 +308,7 @@ fn container_status(c: &ContainerRecord) -> ContainerStatus {
         image_id: format!("simkube://{}", c.image),
         container_id: c.container_id.clone(),
         ready: c.ready(),
-        started: Some(matches!(c.phase, ContainerPhase::Running { .. })),
+        started: Some(c.started()),
         restart_count: c.restart_count,
         state: Some(state_of(&c.phase)),
         last_state: Some(
@@ -473,6 +485,43 @@ mod tests {
             .and_then(|s| s.terminated.as_ref())
             .expect("last");
         assert_eq!(last.exit_code, 1);
+    }
+
+    #[test]
+    fn probes_gate_started_and_ready() {
+        let running = ContainerPhase::Running {
+            started_at: ts("2026-01-01T00:00:00Z"),
+        };
+        let mut p = pod("Always", vec![running.clone(), running]);
+        let summary = |p: &PodRecord| {
+            let status = pod_status(p, None, ts("2026-01-01T00:00:05Z"));
+            let containers: Vec<String> = status
+                .container_statuses
+                .iter()
+                .flatten()
+                .map(|c| format!("{} started={:?} ready={}", c.name, c.started, c.ready))
+                .collect();
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .filter(|c| c.type_ == "Ready" || c.type_ == "ContainersReady")
+                .map(|c| format!("{}={} {:?}", c.type_, c.status, c.message))
+                .collect::<Vec<_>>();
+            format!("{containers:?} {ready:?}")
+        };
+        p.containers[0].startup_passed = false;
+        p.containers[0].readiness_passed = false;
+        p.containers[1].readiness_passed = false;
+        let waiting_for_startup = summary(&p);
+        p.containers[0].startup_passed = true;
+        let started_unready = summary(&p);
+        p.containers[0].readiness_passed = true;
+        p.containers[1].readiness_passed = true;
+        let all_ready = summary(&p);
+        expect_test::expect![[r#"["c0 started=Some(false) ready=false", "c1 started=Some(true) ready=false"] ["Ready=False Some(\"containers with unready status: [c0 c1]\")", "ContainersReady=False Some(\"containers with unready status: [c0 c1]\")"]"#]].assert_eq(&waiting_for_startup);
+        expect_test::expect![[r#"["c0 started=Some(true) ready=false", "c1 started=Some(true) ready=false"] ["Ready=False Some(\"containers with unready status: [c0 c1]\")", "ContainersReady=False Some(\"containers with unready status: [c0 c1]\")"]"#]].assert_eq(&started_unready);
+        expect_test::expect![[r#"["c0 started=Some(true) ready=true", "c1 started=Some(true) ready=true"] ["Ready=True None", "ContainersReady=True None"]"#]].assert_eq(&all_ready);
     }
 
     #[test]
