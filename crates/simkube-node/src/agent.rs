@@ -29,8 +29,10 @@ use crate::ipam::PodIpAllocator;
 use crate::kubelet::{self, LiveLogs};
 use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
-use crate::process::{ContainerProcess, Launch};
+use crate::pod_volumes::{self, PodVolumes, VolumeSettings};
+use crate::process::{ContainerProcess, Launch, Mount};
 use crate::sandbox::{self, SandboxNames};
+use crate::volumes::NodeResources;
 
 /// The agent thread's own network namespace (the node's), for host-network containers; opened
 /// by the thread that spawns the container, so it names the node namespace.
@@ -71,6 +73,16 @@ pub struct AgentConfig {
     /// Names of sandbox namespaces start with this (default `sk-<node>-`); every namespace with
     /// this prefix belongs to this agent and is removed when it starts.
     pub netns_prefix: String,
+    /// The service proxy and the routes to other nodes' pod CIDRs (`None`: the agent
+    /// manages neither); see [`crate::proxy`].
+    pub proxy: Option<crate::proxy::ProxyConfig>,
+    /// Cluster DNS servers written into pods' resolv.conf (empty: pods keep the host's).
+    pub cluster_dns: Vec<IpAddr>,
+    /// The cluster domain (`cluster.local`).
+    pub cluster_domain: String,
+    /// How often ConfigMap, Secret, downward-API and token volumes are resynchronised
+    /// (kubelet: about a minute).
+    pub volume_sync_period: Duration,
 }
 
 impl AgentConfig {
@@ -94,6 +106,10 @@ impl AgentConfig {
             pod_api_host,
             pod_api_port: 443,
             shutdown_grace: Duration::from_secs(5),
+            proxy: None,
+            cluster_dns: Vec::new(),
+            cluster_domain: "cluster.local".to_owned(),
+            volume_sync_period: Duration::from_secs(60),
         }
     }
 }
@@ -148,6 +164,9 @@ impl Agent {
             return Err(Error::Config(format!(
                 "netns prefix {prefix:?} must be 1-210 characters without '/'"
             )));
+        }
+        if let Some(proxy) = &config.proxy {
+            crate::proxy::validate(proxy).map_err(|e| Error::Config(e.to_string()))?;
         }
         Ok(Self {
             ctx: Arc::new(Ctx {
@@ -206,6 +225,19 @@ impl Agent {
         register(&ctx).await?;
         tracing::info!(node = %ctx.node(), "node registered");
         let heartbeat = tokio::spawn(heartbeat(ctx.clone(), shutdown.clone()));
+        // Spawned from this thread, so its `nft` and `ip` children run in the node namespace.
+        let proxy = ctx.config.proxy.clone().map(|config| {
+            let node = crate::proxy::ProxyNode {
+                name: ctx.node().to_owned(),
+                pod_cidr: Some(ctx.config.identity.pod_cidr),
+            };
+            tokio::spawn(crate::proxy::run(
+                ctx.client.clone(),
+                node,
+                config,
+                shutdown.clone(),
+            ))
+        });
 
         let pods: Api<Pod> = Api::all(ctx.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node()));
@@ -267,6 +299,14 @@ impl Agent {
         shutdown.cancel();
         while tasks.join_next().await.is_some() {}
         let _ = heartbeat.await;
+        // The proxy removes its table and routes before it ends.
+        if let Some(proxy) = proxy {
+            match proxy.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::error!(%error, "service proxy failed"),
+                Err(error) => tracing::error!(%error, "service proxy task failed"),
+            }
+        }
         if let Some(server) = kubelet_server {
             let _ = server.await;
         }
@@ -402,6 +442,9 @@ async fn pod_worker(
     } else {
         run_pod(&ctx, &uid, &pod, &names, &mut rx, &mut reporter, &shutdown).await
     };
+    if let Err(error) = pod_volumes::remove(&log_dir(&ctx.config.state_dir, &pod)) {
+        tracing::warn!(pod = %key, %error, "cannot remove the pod's volumes");
+    }
     if let Err(error) = sandbox::remove(&names).await {
         tracing::warn!(pod = %key, %error, "cannot remove the pod sandbox");
     }
@@ -467,6 +510,21 @@ async fn run_pod(
     tracing::info!(pod = %key, %pod_ip, netns = %netns.display(), "sandbox ready");
     reporter.record.pod_ip = Some(pod_ip);
     reporter.report().await;
+    let volumes = Arc::new(PodVolumes::new(
+        ctx.client.clone(),
+        VolumeSettings {
+            sync_period: ctx.config.volume_sync_period,
+            cluster_dns: ctx.config.cluster_dns.clone(),
+            cluster_domain: ctx.config.cluster_domain.clone(),
+            node: NodeResources {
+                cpu: ctx.config.identity.cpu.clone(),
+                memory: ctx.config.identity.memory.clone(),
+            },
+        },
+        pod.clone(),
+        log_dir(&ctx.config.state_dir, pod),
+        pod_ip,
+    ));
 
     let spec = pod.spec.clone().unwrap_or_default();
     let inits = spec.init_containers.unwrap_or_default();
@@ -475,6 +533,14 @@ async fn run_pod(
     let stop = CancellationToken::new();
     let (grace_tx, grace_rx) = watch::channel(ctx.config.shutdown_grace);
     let mut supervisors = JoinSet::new();
+    let latest = rx.clone();
+    supervisors.spawn(volumes.clone().run(
+        move || match &*latest.borrow() {
+            PodMsg::Current(pod) => Some(pod.clone()),
+            PodMsg::Gone => None,
+        },
+        stop.clone(),
+    ));
     let mut start = |slot: Slot, container: Container| {
         supervisors.spawn(supervise(Supervisor {
             ctx: ctx.clone(),
@@ -486,6 +552,7 @@ async fn run_pod(
             events: events_tx.clone(),
             stop: stop.clone(),
             grace: grace_rx.clone(),
+            volumes: volumes.clone(),
         }));
     };
     // Init containers run one at a time, each to success, before any regular container starts.
@@ -700,6 +767,7 @@ struct Supervisor {
     events: mpsc::Sender<(Slot, ContainerRecord)>,
     stop: CancellationToken,
     grace: watch::Receiver<Duration>,
+    volumes: Arc<PodVolumes>,
 }
 
 impl Supervisor {
@@ -766,7 +834,7 @@ impl Supervisor {
     /// Everything needed to start the container, or the waiting reason and message.
     async fn prepare(
         &self,
-    ) -> Result<(Vec<String>, Vec<(String, String)>), (&'static str, String)> {
+    ) -> Result<(Vec<String>, Vec<(String, String)>, Vec<Mount>), (&'static str, String)> {
         let image = self.container.image.as_deref().unwrap_or("");
         let resolved = self
             .ctx
@@ -800,7 +868,12 @@ impl Supervisor {
                 expand(&self.container.args).as_deref(),
             )
             .map_err(|e| ("CreateContainerError", e.to_string()))?;
-        Ok((argv, vars))
+        let mounts = self
+            .volumes
+            .mounts_for(&self.container, &vars)
+            .await
+            .map_err(|e| ("CreateContainerConfigError", e))?;
+        Ok((argv, vars, mounts))
     }
 }
 
@@ -818,7 +891,7 @@ async fn supervise(s: Supervisor) {
     let mut crashes = 0u32;
     let mut failures = 0u32;
     loop {
-        let (argv, vars) = match s.prepare().await {
+        let (argv, vars, mounts) = match s.prepare().await {
             Ok(ready) => ready,
             Err((reason, message)) => {
                 failures = failures.saturating_add(1);
@@ -856,6 +929,7 @@ async fn supervise(s: Supervisor) {
                     working_dir: &working_dir,
                     netns: &s.netns,
                     log,
+                    mounts: &mounts,
                 })
             });
         let live = log.ok().map(|path| LiveGuard {

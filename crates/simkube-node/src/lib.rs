@@ -35,6 +35,7 @@
 //! ```
 
 pub mod agent;
+pub mod atomic_writer;
 pub mod backoff;
 pub mod builtin;
 pub mod container_log;
@@ -45,12 +46,15 @@ pub mod images;
 pub mod ipam;
 pub mod kubelet;
 pub mod node_status;
+pub mod pod_dns;
 pub mod pod_status;
+pub mod pod_volumes;
 pub mod prober;
 pub mod probes;
 pub mod process;
 pub mod proxy;
 pub mod sandbox;
+pub mod volumes;
 
 pub use agent::{Agent, AgentConfig};
 pub use error::Error;

@@ -15,7 +15,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod exec;
+mod mounts;
 pub use exec::{ExecOutput, ExecProcess, ExecStdio, Pty, run_in_container, spawn_in_container};
+pub use mounts::Mount;
 
 /// `PATH` for containers whose environment sets none (the usual image default).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -33,6 +35,9 @@ pub struct Launch<'a> {
     pub netns: &'a Path,
     /// Where stdout and stderr go (appended).
     pub log: &'a Path,
+    /// Bind mounts (volumes, resolv.conf, hosts). When there are any, the container gets its
+    /// own mount namespace (the one `/proc/<pid>/ns/mnt` names), private to it.
+    pub mounts: &'a [Mount],
 }
 
 /// A running container process.
@@ -67,6 +72,7 @@ impl ContainerProcess {
             .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty argv"))?;
         let netns = File::open(launch.netns)?;
         let (log_sink, stdout, stderr) = crate::container_log::LogSink::open(launch.log)?;
+        let mounts = mounts::Prepared::new(launch.mounts, launch.working_dir)?;
         let mut command = std::process::Command::new(program);
         command
             .args(args)
@@ -80,12 +86,22 @@ impl ContainerProcess {
         }
         command.envs(launch.env.iter().map(|(k, v)| (k, v)));
         let parent = nix::unistd::getpid();
+        if !mounts.is_empty() {
+            // The working directory may lie inside a volume: the hook enters it after mounting,
+            // so the one `Command` sets must exist before the mounts (the root always does).
+            command.current_dir("/");
+        }
         // SAFETY: the hook runs in the forked child before exec. It only makes the setns, setsid,
-        // prctl and getppid system calls (async-signal-safe), allocates nothing and takes no
-        // locks; `netns` was opened by the parent, so its descriptor is valid in the child.
+        // prctl and getppid system calls and, with mounts, unshare, mkdir, open, close, mount and
+        // chdir on paths the parent prepared (all async-signal-safe); it allocates nothing and
+        // takes no locks; `netns` was opened by the parent, so its descriptor is valid in the
+        // child.
         unsafe {
             command.pre_exec(move || {
                 nix::sched::setns(&netns, CloneFlags::CLONE_NEWNET)?;
+                if !mounts.is_empty() {
+                    mounts.apply()?;
+                }
                 nix::unistd::setsid()?;
                 nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
                 // The agent may have died between fork and prctl; nobody would ever stop us.
