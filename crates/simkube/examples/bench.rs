@@ -2,7 +2,7 @@
 //! over TCP: 10,000 ConfigMaps created by 8 concurrent writers while 10 watchers stay open, then
 //! one full list. The server runs as a child process so its peak RSS is its own.
 //!
-//! Run with `cargo build --release -p simkube && cargo run --release -p simkube --example bench`
+//! Run with `cargo build --release -p simkube-cluster && cargo run --release -p simkube --example bench`
 //! (it builds the server binary itself when it is missing and `cargo` is at hand).
 
 use std::path::{Path, PathBuf};
@@ -101,7 +101,7 @@ fn server_binary() -> anyhow::Result<PathBuf> {
     let binary = profile_dir.join("simkube");
     if let Some(cargo) = std::env::var_os("CARGO") {
         let mut cmd = std::process::Command::new(cargo);
-        cmd.args(["build", "-p", "simkube", "--bin", "simkube"]);
+        cmd.args(["build", "-p", "simkube-cluster", "--bin", "simkube"]);
         if profile_dir.ends_with("release") {
             cmd.arg("--release");
         }
@@ -112,7 +112,7 @@ fn server_binary() -> anyhow::Result<PathBuf> {
     }
     if !binary.exists() {
         bail!(
-            "{} is missing: run `cargo build --release -p simkube` first",
+            "{} is missing: run `cargo build --release -p simkube-cluster` first",
             binary.display()
         );
     }

@@ -68,6 +68,8 @@ pub struct ClusterBuilder {
     advertise: Option<SocketAddr>,
     background: Vec<BackgroundTask>,
     pod_proxy: Option<http::PodProxy>,
+    tls_hosts: Vec<String>,
+    extra_listeners: Vec<std::net::TcpListener>,
 }
 
 impl std::fmt::Debug for ClusterBuilder {
@@ -101,6 +103,8 @@ impl Default for ClusterBuilder {
             advertise: None,
             background: Vec::new(),
             pod_proxy: None,
+            tls_hosts: Vec::new(),
+            extra_listeners: Vec::new(),
         }
     }
 }
@@ -210,6 +214,20 @@ impl ClusterBuilder {
         self
     }
 
+    /// Extra names and addresses the serving certificate is valid for (besides 127.0.0.1,
+    /// localhost and the bound address), e.g. the in-cluster `kubernetes.default.svc` names.
+    pub fn tls_hosts(mut self, hosts: Vec<String>) -> Self {
+        self.tls_hosts.extend(hosts);
+        self
+    }
+
+    /// Also serves the API on an already bound listener (for example one bound in another
+    /// network namespace before the process left it), exactly like the primary listener.
+    pub fn extra_listener(mut self, listener: std::net::TcpListener) -> Self {
+        self.extra_listeners.push(listener);
+        self
+    }
+
     /// Runs `task` once the cluster listens; it gets the cluster and a token cancelled at
     /// shutdown, and returns the handles to await then.
     pub fn background(
@@ -291,16 +309,29 @@ impl ClusterBuilder {
             source,
         })?;
         let tls_config = match &ca {
-            Some(ca) => Some(tls::server_config(
-                ca,
-                &[
+            Some(ca) => {
+                let mut hosts = vec![
                     "127.0.0.1".to_owned(),
                     "localhost".to_owned(),
                     addr.ip().to_string(),
-                ],
-            )?),
+                ];
+                for host in self.tls_hosts {
+                    if !hosts.contains(&host) {
+                        hosts.push(host);
+                    }
+                }
+                Some(tls::server_config(ca, &hosts)?)
+            }
             None => None,
         };
+        for listener in &self.extra_listeners {
+            listener.set_nonblocking(true).map_err(|source| Error::Bind {
+                addr: listener
+                    .local_addr()
+                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
+                source,
+            })?;
+        }
         let scheme = if self.tls { "https" } else { "http" };
         let host = if addr.ip().is_unspecified() {
             "127.0.0.1".to_owned()
@@ -329,6 +360,7 @@ impl ClusterBuilder {
             running: Mutex::new(None),
             background_stop: CancellationToken::new(),
             background: Mutex::new(Vec::new()),
+            extra_listeners: self.extra_listeners,
         };
         cluster.serve(listener);
         let mut handles = Vec::new();
@@ -561,6 +593,8 @@ pub struct Cluster {
     running: Mutex<Option<Running>>,
     background_stop: CancellationToken,
     background: Mutex<Vec<JoinHandle<()>>>,
+    /// Kept open across restarts (only clones are served), so their ports never change.
+    extra_listeners: Vec<std::net::TcpListener>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -598,15 +632,33 @@ impl Cluster {
     fn serve(&self, listener: tokio::net::TcpListener) {
         let shutdown = CancellationToken::new();
         let router = http::router(self.state.clone());
-        let task = match &self.tls_config {
-            Some(config) => tokio::spawn(tls::serve_https(
-                listener,
-                router,
-                config.clone(),
-                shutdown.clone(),
-            )),
-            None => tokio::spawn(serve_plain(listener, router, shutdown.clone())),
-        };
+        let mut listeners = vec![listener];
+        for extra in &self.extra_listeners {
+            match extra
+                .try_clone()
+                .and_then(tokio::net::TcpListener::from_std)
+            {
+                Ok(l) => listeners.push(l),
+                Err(error) => tracing::error!(%error, "cannot serve an extra listener"),
+            }
+        }
+        let serving: Vec<_> = listeners
+            .into_iter()
+            .map(|listener| match &self.tls_config {
+                Some(config) => tokio::spawn(tls::serve_https(
+                    listener,
+                    router.clone(),
+                    config.clone(),
+                    shutdown.clone(),
+                )),
+                None => tokio::spawn(serve_plain(listener, router.clone(), shutdown.clone())),
+            })
+            .collect();
+        let task = tokio::spawn(async move {
+            for handle in serving {
+                let _ = handle.await;
+            }
+        });
         *self.running.lock().unwrap_or_else(|e| e.into_inner()) = Some(Running { shutdown, task });
     }
 
