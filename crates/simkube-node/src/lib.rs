@@ -38,6 +38,7 @@ pub mod agent;
 pub mod atomic_writer;
 pub mod backoff;
 pub mod builtin;
+pub mod cli;
 pub mod container_log;
 pub mod containers;
 pub mod env;
