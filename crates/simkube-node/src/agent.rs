@@ -30,6 +30,7 @@ use crate::kubelet::{self, LiveLogs};
 use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
 use crate::pod_volumes::{self, PodVolumes, VolumeSettings};
+use crate::prober::{ContainerProber, EventRecorder, ProbeTarget, Step as ProbeStep};
 use crate::process::{ContainerProcess, Launch, Mount};
 use crate::sandbox::{self, SandboxNames};
 use crate::volumes::NodeResources;
@@ -890,6 +891,7 @@ async fn supervise(s: Supervisor) {
     let mut record = ContainerRecord::new(&s.container.name, &image);
     let mut crashes = 0u32;
     let mut failures = 0u32;
+    let probe_events = EventRecorder::new(s.ctx.client.clone(), s.ctx.node());
     loop {
         let (argv, vars, mounts) = match s.prepare().await {
             Ok(ready) => ready,
@@ -945,30 +947,66 @@ async fn supervise(s: Supervisor) {
                     s.pod.metadata.name.as_deref().unwrap_or_default(),
                     &s.container.name,
                 );
-                s.ctx.containers.insert(
-                    registered.clone(),
-                    RunningContainer {
-                        pod_uid: s.pod.metadata.uid.clone().unwrap_or_default(),
-                        pid: process.pid(),
-                        netns: s.netns.clone(),
-                        env: vars.clone(),
-                        working_dir: working_dir.clone(),
-                    },
-                );
+                let running = RunningContainer {
+                    pod_uid: s.pod.metadata.uid.clone().unwrap_or_default(),
+                    pid: process.pid(),
+                    netns: s.netns.clone(),
+                    env: vars.clone(),
+                    working_dir: working_dir.clone(),
+                };
+                s.ctx.containers.insert(registered.clone(), running.clone());
                 let _registration = Registration {
                     containers: s.ctx.containers.clone(),
                     key: registered,
                     pid: process.pid(),
                 };
                 record.phase = ContainerPhase::Running { started_at };
+                // Init containers are not probed (as the kubelet, sidecars aside); each run of a
+                // regular container gets fresh probes.
+                let mut prober = matches!(s.slot, Slot::Main(_)).then(|| {
+                    let target = ProbeTarget {
+                        pod_ip: s.pod_ip,
+                        container: s.container.clone(),
+                        running,
+                    };
+                    ContainerProber::new(s.pod.clone(), target, probe_events.clone())
+                });
+                record.startup_passed = prober.as_ref().is_none_or(ContainerProber::started);
+                record.readiness_passed = prober.as_ref().is_none_or(ContainerProber::ready);
                 s.send(&record).await;
-                tokio::select! {
-                    exit = process.wait() => exit,
-                    () = s.stop.cancelled() => {
-                        let grace = *s.grace.borrow();
-                        let exit = process.stop(grace).await;
-                        tracing::info!(container = %key, ?exit, "container stopped");
-                        return;
+                loop {
+                    tokio::select! {
+                        exit = process.wait() => break exit,
+                        () = s.stop.cancelled() => {
+                            let grace = *s.grace.borrow();
+                            let exit = process.stop(grace).await;
+                            tracing::info!(container = %key, ?exit, "container stopped");
+                            return;
+                        }
+                        step = async {
+                            match prober.as_mut() {
+                                Some(prober) => prober.next().await,
+                                None => std::future::pending().await,
+                            }
+                        } => match step {
+                            ProbeStep::Status { started, ready } => {
+                                record.startup_passed = started;
+                                record.readiness_passed = ready;
+                                s.send(&record).await;
+                            }
+                            ProbeStep::Kill { grace, kind } => {
+                                record.readiness_passed = false;
+                                s.send(&record).await;
+                                let exit = process.stop(grace).await;
+                                tracing::info!(
+                                    container = %key,
+                                    ?exit,
+                                    probe = kind.lower(),
+                                    "container killed by its probe"
+                                );
+                                break exit;
+                            }
+                        },
                     }
                 }
             }

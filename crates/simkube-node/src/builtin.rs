@@ -1,7 +1,8 @@
 //! Built-in workloads for simulated pods, run as `<node binary> __builtin <name> [options]`:
 //! `echo` (TCP, UDP and HTTP servers that answer with the pod's name and the peer address they
-//! saw), `sleeper` (waits, optionally exits with a chosen code) and `traffic` (a client that
-//! talks to an echo server and prints every answer).
+//! saw; HTTP `/healthz` answers 503 while the file named by `--healthz-file` is missing, for
+//! probe tests), `sleeper` (waits, optionally exits with a chosen code) and `traffic` (a client
+//! that talks to an echo server and prints every answer).
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _, UdpSocket};
@@ -71,12 +72,18 @@ pub fn answer(pod: &str, peer: SocketAddr, payload: &str) -> String {
     format!("pod={pod} peer={peer} {payload}")
 }
 
+/// The file whose presence makes the echo's `/healthz` answer 200 (`None`: always 200).
+static HEALTHZ_FILE: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
 fn echo(args: &[String]) -> Result<i32, String> {
     let (mut tcp, mut udp, mut http) = (ECHO_TCP_PORT, ECHO_UDP_PORT, ECHO_HTTP_PORT);
-    for (key, value) in options(args, &["tcp", "udp", "http"])? {
+    for (key, value) in options(args, &["tcp", "udp", "http", "healthz-file"])? {
         match key.as_str() {
             "tcp" => tcp = parse(&key, &value)?,
             "udp" => udp = parse(&key, &value)?,
+            "healthz-file" => {
+                let _ = HEALTHZ_FILE.set(value.into());
+            }
             _ => http = parse(&key, &value)?,
         }
     }
@@ -151,10 +158,18 @@ fn serve_http(pod: &str, stream: TcpStream, peer: SocketAddr) {
         header.clear();
     }
     let path = request_line.split_whitespace().nth(1).unwrap_or("/");
-    let body = format!("{}\n", answer(pod, peer, &format!("path={path}")));
+    let healthy = HEALTHZ_FILE.get().is_none_or(|file| file.exists());
+    let (status, body) = if path == "/healthz" && !healthy {
+        ("503 Service Unavailable", "unhealthy\n".to_owned())
+    } else {
+        (
+            "200 OK",
+            format!("{}\n", answer(pod, peer, &format!("path={path}"))),
+        )
+    };
     let _ = write!(
         writer,
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
 }
