@@ -28,6 +28,7 @@
 // in a hot loop, so boxing it would only add noise at every call site.
 #![allow(clippy::result_large_err)]
 
+pub mod admission;
 pub mod auth;
 pub mod cluster;
 pub mod controllers;

@@ -753,6 +753,14 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
                 return Err(ApiError::invalid("", "Service", &name, &causes));
             }
         }
+        ("", "pods") => crate::admission::admit_pod(
+            obj,
+            |ns, name| {
+                txn.get(&TypeKey::new("", "serviceaccounts"), ns, name)
+                    .map(|sa| (*sa).clone())
+            },
+            || crate::strategy::generate_name(""),
+        ),
         ("apiextensions.k8s.io", "customresourcedefinitions") => {
             crd::default_crd(obj);
             crd::validate_crd(obj)?;
