@@ -19,7 +19,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use hickory_proto::op::ResponseCode;
+use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::domain::Label;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -69,6 +69,31 @@ impl Answer {
             authority: Vec::new(),
             additionals: Vec::new(),
         }
+    }
+
+    /// Makes the answer fit in `limit` bytes once encoded for `query`: first without the
+    /// additional section (which RFC 2181 lets a server leave out silently), then as an empty
+    /// answer with the TC bit, which sends the client to TCP. Returns whether TC is due.
+    pub(crate) fn fit(&mut self, query: &Query, limit: usize) -> bool {
+        let size = |a: &Self| {
+            let mut message = Message::new();
+            message
+                .add_query(query.clone())
+                .add_answers(a.answers.iter().cloned())
+                .add_name_servers(a.authority.iter().cloned())
+                .add_additionals(a.additionals.iter().cloned());
+            message.to_vec().map_or(usize::MAX, |bytes| bytes.len())
+        };
+        if size(self) <= limit {
+            return false;
+        }
+        self.additionals.clear();
+        if size(self) <= limit {
+            return false;
+        }
+        self.answers.clear();
+        self.authority.clear();
+        true
     }
 
     /// Rotates the records of each type by `n`, so successive clients that take the first

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures::StreamExt as _;
 use hickory_proto::op::{Edns, Header, MessageType, OpCode, ResponseCode};
 use hickory_proto::rr::{DNSClass, RecordType};
+use hickory_proto::xfer::Protocol;
 use hickory_server::ServerFuture;
 use hickory_server::authority::MessageResponseBuilder;
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
@@ -29,6 +30,9 @@ use crate::{DnsConfig, DnsError};
 
 /// How long an idle TCP connection is kept open (CoreDNS's read timeout).
 const TCP_IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest UDP message a client without EDNS accepts (RFC 1035, section 4.2.1).
+const CLASSIC_UDP_LIMIT: usize = 512;
 
 pub(crate) async fn serve(
     client: kube::Client,
@@ -206,11 +210,18 @@ impl RequestHandler for Handler {
             bad_version = edns.version() > 0;
             builder.edns(ours);
         }
-        let (qtype, answer) = if bad_version {
+        let (qtype, mut answer) = if bad_version {
             (RecordType::Unknown(0), Answer::code(ResponseCode::BADVERS))
         } else {
             self.answer(request)
         };
+        if request.protocol() == Protocol::Udp && request.edns().is_none() {
+            // hickory allows 4096 bytes to clients without EDNS; RFC 1035 promises them 512.
+            if let Ok(info) = request.request_info() {
+                let truncated = answer.fit(info.query.original(), CLASSIC_UDP_LIMIT);
+                header.set_truncated(truncated);
+            }
+        }
         header.set_response_code(answer.rcode);
         header.set_authoritative(answer.authoritative);
         let response = builder.build(

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use expect_test::{Expect, expect};
-use hickory_proto::op::ResponseCode;
+use hickory_proto::op::{Query, ResponseCode};
 use hickory_proto::rr::{Name, RecordType};
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
@@ -370,6 +370,29 @@ fn rotation_spreads_first_address() {
         firsts,
         ["10.244.1.5", "10.244.1.8", "10.244.2.6", "10.244.1.5"]
     );
+}
+
+#[test]
+fn answers_fit_classic_udp_by_dropping_additionals_then_truncating() {
+    let view = cluster();
+    let name = "_pg._tcp.db.default.svc.cluster.local.";
+    let query = Query::query(Name::from_ascii(name).expect("name"), RecordType::SRV);
+    let full = ask(&view, name, RecordType::SRV);
+
+    let mut roomy = full.clone();
+    assert!(!roomy.fit(&query, 512));
+    assert_eq!(roomy, full, "an answer that fits is left alone");
+
+    // Room for the SRV records but not their addresses.
+    let mut tight = full.clone();
+    assert!(!tight.fit(&query, 250));
+    assert_eq!(tight.answers, full.answers);
+    assert!(tight.additionals.is_empty());
+
+    let mut tiny = full;
+    assert!(tiny.fit(&query, 100), "TC is due");
+    assert!(tiny.answers.is_empty() && tiny.authority.is_empty() && tiny.additionals.is_empty());
+    assert_eq!(tiny.rcode, ResponseCode::NoError);
 }
 
 #[test]
