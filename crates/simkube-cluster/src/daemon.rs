@@ -314,6 +314,8 @@ impl Supervisor {
             .arg(topology::CLUSTER_DOMAIN)
             .arg("--cluster-cidr")
             .arg(plan.pod_cidr.to_string())
+            .arg("--service-cidr")
+            .arg(self.record.service_cidr.to_string())
             .arg("--exit-with-parent")
             .arg(std::process::id().to_string());
         for (image, program) in &self.record.images {

@@ -225,7 +225,8 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             let summary = ops::up(&options, &mut |l| progress(l))
                 .with_context(|| format!("bringing cluster {name} up"))?;
             let kubeconfig = summary.kubeconfig.display();
-            let state_flag = if state.state_dir == PathBuf::from(DEFAULT_STATE_DIR) {
+            let state_flag = if state.state_dir.as_path() == std::path::Path::new(DEFAULT_STATE_DIR)
+            {
                 String::new()
             } else {
                 format!(" --state-dir {}", state.state_dir.display())

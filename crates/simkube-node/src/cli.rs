@@ -91,6 +91,10 @@ pub struct NodeArgs {
     /// namespace) for a cluster whose pod addresses are in this CIDR, e.g. 10.244.0.0/16.
     #[arg(long)]
     pub cluster_cidr: Option<ipnet::Ipv4Net>,
+    /// The cluster's Service CIDR, for the service proxy (unallocated addresses in it are
+    /// dropped at the node).
+    #[arg(long, requires = "cluster_cidr")]
+    pub service_cidr: Option<ipnet::Ipv4Net>,
     /// First restart back-off in milliseconds (doubles per crash).
     #[arg(long, default_value_t = 10_000)]
     pub backoff_initial_ms: u64,
@@ -229,6 +233,19 @@ pub fn agent_config(
         }
         config.netns_prefix = prefix.clone();
     }
+    config.cluster_dns = args.cluster_dns.clone();
+    if args.cluster_domain.is_empty() || args.cluster_domain.starts_with('.') {
+        return Err(Error::Config(format!(
+            "--cluster-domain {:?} must be a DNS name such as cluster.local",
+            args.cluster_domain
+        )));
+    }
+    config.cluster_domain = args.cluster_domain.trim_end_matches('.').to_owned();
+    config.proxy = args.cluster_cidr.map(|cidr| {
+        let mut proxy = crate::proxy::ProxyConfig::new(cidr);
+        proxy.service_cidr = args.service_cidr;
+        proxy
+    });
     config.backoff.initial = Duration::from_millis(args.backoff_initial_ms);
     config.backoff.max = Duration::from_millis(args.backoff_max_ms);
     Ok(config)
@@ -312,6 +329,12 @@ mod tests {
             "sk.c1.n1.",
             "--pod-api-server",
             "10.96.0.1:443",
+            "--cluster-dns",
+            "10.96.0.10",
+            "--cluster-cidr",
+            "10.244.0.0/16",
+            "--service-cidr",
+            "10.96.0.0/12",
         ])
         .expect("valid flags");
         let config = agent_config(&args, "/opt/simkube".into(), 6443).expect("valid config");
@@ -325,6 +348,17 @@ mod tests {
         assert_eq!(config.netns_prefix, "sk.c1.n1.");
         assert_eq!(config.pod_api_host, "10.96.0.1");
         assert_eq!(config.pod_api_port, 443);
+        assert_eq!(config.cluster_dns, vec![IpAddr::from([10, 96, 0, 10])]);
+        assert_eq!(config.cluster_domain, "cluster.local");
+        let proxy = config.proxy.expect("--cluster-cidr turns the proxy on");
+        assert_eq!(proxy.cluster_cidr.to_string(), "10.244.0.0/16");
+        assert_eq!(
+            proxy.service_cidr.map(|c| c.to_string()).as_deref(),
+            Some("10.96.0.0/12")
+        );
+        let plain = parse(&[]).expect("valid flags");
+        let config = agent_config(&plain, "/x".into(), 1).expect("valid config");
+        assert!(config.proxy.is_none() && config.cluster_dns.is_empty());
     }
 
     #[test]

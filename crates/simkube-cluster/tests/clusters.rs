@@ -1,0 +1,519 @@
+//! Whole simulated clusters through the real `simkube` binary and real kubectl: up and down,
+//! recovery after a crash, node agent supervision, and the issue's traffic tests (a Deployment
+//! reached by ClusterIP and DNS name from a pod; NodePort and LoadBalancer Services of one
+//! cluster reached from another cluster's node). Needs root; each test uses its own underlay
+//! namespace (`tt<pid>-<label>`, swept by the testkit if this process dies) and state directory,
+//! and always brings its clusters down.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use simkube_cluster::state::StateDir;
+use tether_testkit::patience;
+
+const SIMKUBE: &str = env!("CARGO_BIN_EXE_simkube");
+
+/// One test's underlay and state directory; clusters are brought down on drop (also on panic).
+struct Env {
+    underlay: String,
+    state: tempfile::TempDir,
+    clusters: Vec<String>,
+}
+
+impl Env {
+    fn new(label: &str) -> Option<Env> {
+        if !tether_testkit::require_tools_or_skip(&["kubectl"]) {
+            return None;
+        }
+        tether_testkit::sweep_stale_namespaces();
+        Some(Env {
+            underlay: format!("tt{}-{label}", std::process::id()),
+            state: tempfile::tempdir().expect("temp state dir"),
+            clusters: Vec::new(),
+        })
+    }
+
+    fn state_dir(&self) -> &Path {
+        self.state.path()
+    }
+
+    /// A cluster name unique to this process and test.
+    fn name(&self, label: &str) -> String {
+        format!("t{}{label}", std::process::id())
+    }
+
+    fn simkube(&self, args: &[&str]) -> Output {
+        Command::new(SIMKUBE)
+            .args(args)
+            .arg("--state-dir")
+            .arg(self.state_dir())
+            .output()
+            .expect("simkube runs")
+    }
+
+    /// `cluster up`; returns the kubeconfig path.
+    fn up(&mut self, name: &str, nodes: u8) -> PathBuf {
+        let kubeconfig = self.state_dir().join(format!("{name}.kubeconfig"));
+        if !self.clusters.iter().any(|c| c == name) {
+            self.clusters.push(name.to_owned());
+        }
+        let nodes = nodes.to_string();
+        let output = self.simkube(&[
+            "cluster",
+            "up",
+            "--name",
+            name,
+            "--nodes",
+            &nodes,
+            "--underlay",
+            &self.underlay.clone(),
+            "--kubeconfig-out",
+            kubeconfig.to_str().expect("utf-8 path"),
+            "--timeout",
+            &patience(Duration::from_secs(90)).as_secs().to_string(),
+        ]);
+        assert!(
+            output.status.success(),
+            "cluster up {name} failed:\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("network created"),
+            "progress lines: {stderr}"
+        );
+        assert!(stderr.contains("Ready (2/2)") || nodes != "2", "{stderr}");
+        kubeconfig
+    }
+
+    fn down(&self, name: &str) -> Output {
+        self.simkube(&["cluster", "down", "--name", name])
+    }
+
+    fn record(&self, name: &str) -> simkube_cluster::state::ClusterRecord {
+        StateDir::new(self.state_dir())
+            .read_record(name)
+            .expect("readable state")
+            .expect("the cluster has a record")
+    }
+
+    fn agent_pid(&self, name: &str, node: u8) -> Option<u32> {
+        std::fs::read_to_string(self.state_dir().join(name).join(format!("node-{node}.pid")))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for name in self.clusters.clone() {
+            let output = self.down(&name);
+            if !output.status.success() {
+                eprintln!(
+                    "cleanup: cluster down {name} failed: {}",
+                    String::from_utf8_lossy(&output.stderr)
+                );
+            }
+        }
+        // Whatever a failed `down` left, the namespaces go.
+        for ns in simkube_cluster::net::netns_with_prefix("sk.t") {
+            if self
+                .clusters
+                .iter()
+                .any(|c| ns.starts_with(&format!("sk.{c}.")))
+            {
+                let _ = simkube_cluster::net::delete_netns(&ns);
+            }
+        }
+        let _ = simkube_cluster::net::delete_netns(&self.underlay);
+    }
+}
+
+fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .output()
+        .expect("kubectl runs")
+}
+
+fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> String {
+    let output = kubectl(kubeconfig, args);
+    assert!(
+        output.status.success(),
+        "kubectl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn apply(kubeconfig: &Path, yaml: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("objects.yaml");
+    std::fs::write(&file, yaml).expect("write manifest");
+    kubectl_ok(kubeconfig, &["apply", "-f", file.to_str().expect("utf-8")]);
+}
+
+/// Polls `probe` until it returns `Some`, panicking with `what` and the last state after
+/// `timeout` (scaled by the test patience).
+fn eventually<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + patience(timeout);
+    loop {
+        match probe() {
+            Ok(value) => return value,
+            Err(last) if Instant::now() > deadline => panic!("{what}: still not so: {last}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(300)),
+        }
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    simkube_cluster::proc::cmdline(pid).is_some()
+}
+
+fn ready_nodes(kubeconfig: &Path) -> Vec<String> {
+    let out = kubectl_ok(
+        kubeconfig,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type==\"Ready\")].status}{\"\\n\"}{end}",
+        ],
+    );
+    out.lines()
+        .filter_map(|l| l.strip_suffix("=True"))
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
+    let Some(mut env) = Env::new("life") else {
+        return;
+    };
+    let name = env.name("life");
+    let kubeconfig = env.up(&name, 2);
+    let mut nodes = ready_nodes(&kubeconfig);
+    nodes.sort();
+    assert_eq!(
+        nodes,
+        vec![format!("{name}-node-1"), format!("{name}-node-2")]
+    );
+    let dns = kubectl_ok(
+        &kubeconfig,
+        &[
+            "get",
+            "service",
+            "-n",
+            "kube-system",
+            "kube-dns",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ],
+    );
+    assert_eq!(dns, "10.96.0.10");
+    let record = env.record(&name);
+    let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with(&name) && l.ends_with("running")),
+        "{list}"
+    );
+
+    // A crashed agent is restarted; a stopped one stays stopped until started again.
+    let agent = env.agent_pid(&name, 1).expect("agent 1 runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(agent).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the agent");
+    let restarted = eventually(
+        "the crashed agent is restarted",
+        Duration::from_secs(20),
+        || {
+            env.agent_pid(&name, 1)
+                .filter(|p| *p != agent && pid_alive(*p))
+                .ok_or_else(|| format!("pid file: {:?}", env.agent_pid(&name, 1)))
+        },
+    );
+    let node2 = format!("{name}-node-2");
+    let stopped = env.agent_pid(&name, 2).expect("agent 2 runs");
+    let out = env.simkube(&["cluster", "stop-node", "--name", &name, "--node", &node2]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!pid_alive(stopped), "stop-node waits for the agent to exit");
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        env.agent_pid(&name, 2),
+        None,
+        "a stopped agent is not restarted"
+    );
+    let out = env.simkube(&["cluster", "start-node", "--name", &name, "--node", &node2]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let started = env.agent_pid(&name, 2).expect("agent 2 runs again");
+    assert!(pid_alive(started));
+
+    let daemon = record.daemon_pid.expect("daemon recorded");
+    let out = env.down(&name);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!pid_alive(daemon), "daemon gone");
+    assert!(!pid_alive(restarted) && !pid_alive(started), "agents gone");
+    let prefix = format!("sk.{name}.");
+    assert_eq!(
+        simkube_cluster::net::netns_with_prefix(&prefix),
+        Vec::<String>::new()
+    );
+    assert!(
+        !simkube_cluster::net::netns_exists(&env.underlay),
+        "the underlay goes with its last cluster"
+    );
+    assert!(!env.state_dir().join(&name).exists(), "state removed");
+    // Down again: nothing to do, and that is no error.
+    let out = env.down(&name);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no cluster named"));
+}
+
+#[test]
+fn up_after_a_crashed_daemon_cleans_up_and_works() {
+    let Some(mut env) = Env::new("crash") else {
+        return;
+    };
+    let name = env.name("crash");
+    env.up(&name, 1);
+    let first = env.record(&name).daemon_pid.expect("daemon recorded");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(first).expect("pid")),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the daemon");
+    eventually("the daemon is gone", Duration::from_secs(10), || {
+        (!pid_alive(first))
+            .then_some(())
+            .ok_or_else(|| "alive".to_owned())
+    });
+    let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
+    assert!(list.contains("dead"), "{list}");
+    // The namespaces and bridge of the crashed run are still there; up must clear them.
+    assert!(simkube_cluster::net::netns_exists(&format!("sk.{name}.n1")));
+    let kubeconfig = env.up(&name, 1);
+    let second = env.record(&name).daemon_pid.expect("daemon recorded");
+    assert_ne!(first, second);
+    assert_eq!(ready_nodes(&kubeconfig), vec![format!("{name}-node-1")]);
+}
+
+/// Echo pods behind Services, in `namespace` default.
+fn echo_workload(replicas: u8, service_yaml: &str) -> String {
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: echo}}}}
+  template:
+    metadata: {{labels: {{app: echo}}}}
+    spec:
+      containers:
+      - name: echo
+        image: simkube.dev/echo
+        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+{service_yaml}"#
+    )
+}
+
+fn jsonpath(kubeconfig: &Path, args: &[&str], path: &str) -> String {
+    let mut all = args.to_vec();
+    let expr = format!("jsonpath={path}");
+    all.extend(["-o", &expr]);
+    kubectl_ok(kubeconfig, &all)
+}
+
+fn wait_available(kubeconfig: &Path, replicas: u8) {
+    eventually(
+        "the Deployment is Available",
+        Duration::from_secs(60),
+        || {
+            let available = jsonpath(
+                kubeconfig,
+                &["get", "deployment", "echo"],
+                "{.status.availableReplicas}",
+            );
+            (available == replicas.to_string())
+                .then_some(())
+                .ok_or(available)
+        },
+    );
+}
+
+/// Runs the traffic built-in once from namespace `netns` against `target`; its answer line.
+fn traffic_from(netns: &str, target: &str) -> Result<String, String> {
+    let output = Command::new("ip")
+        .args(["netns", "exec", netns, SIMKUBE, "__builtin", "traffic"])
+        .args(["--target", target, "--count", "1"])
+        .output()
+        .map_err(|e| e.to_string())?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if output.status.success() && stdout.contains("pod=echo-") {
+        Ok(stdout)
+    } else {
+        Err(format!(
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        ))
+    }
+}
+
+#[test]
+fn a_deployment_spreads_over_nodes_and_a_pod_reaches_it_by_cluster_ip_and_dns_name() {
+    let Some(mut env) = Env::new("svc") else {
+        return;
+    };
+    let name = env.name("svc");
+    let kubeconfig = env.up(&name, 2);
+    let service = r#"---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: default}
+spec:
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, targetPort: 7000}]
+"#;
+    apply(&kubeconfig, &echo_workload(3, service));
+    wait_available(&kubeconfig, 3);
+    let nodes = jsonpath(
+        &kubeconfig,
+        &["get", "pods", "-l", "app=echo"],
+        "{.items[*].spec.nodeName}",
+    );
+    let distinct: std::collections::BTreeSet<&str> = nodes.split_whitespace().collect();
+    assert_eq!(
+        distinct.len(),
+        2,
+        "3 replicas spread over both nodes: {nodes}"
+    );
+    let cluster_ip = jsonpath(
+        &kubeconfig,
+        &["get", "service", "echo"],
+        "{.spec.clusterIP}",
+    );
+    // Clients are pods: their resolv.conf points at the cluster DNS through its ClusterIP.
+    for (client, target) in [
+        ("by-ip", format!("{cluster_ip}:7000")),
+        ("by-name", "echo.default.svc.cluster.local:7000".to_owned()),
+    ] {
+        let pod = format!(
+            r#"apiVersion: v1
+kind: Pod
+metadata: {{name: {client}, namespace: default}}
+spec:
+  containers:
+  - name: traffic
+    image: simkube.dev/traffic
+    args: ["--target", "{target}", "--interval-ms", "500"]
+"#
+        );
+        apply(&kubeconfig, &pod);
+    }
+    for client in ["by-ip", "by-name"] {
+        eventually(
+            &format!("pod {client} gets answers from the echo pods"),
+            Duration::from_secs(60),
+            || {
+                let logs = kubectl(&kubeconfig, &["logs", client]);
+                let text = String::from_utf8_lossy(&logs.stdout).into_owned();
+                text.lines()
+                    .any(|l| l.starts_with("tcp pod=echo-"))
+                    .then_some(())
+                    .ok_or_else(|| format!("{text}{}", String::from_utf8_lossy(&logs.stderr)))
+            },
+        );
+    }
+}
+
+#[test]
+fn node_port_and_load_balancer_services_are_reachable_from_another_clusters_node() {
+    let Some(mut env) = Env::new("x") else {
+        return;
+    };
+    let c1 = env.name("xa");
+    let c2 = env.name("xb");
+    let k1 = env.up(&c1, 2);
+    env.up(&c2, 2);
+    let services = r#"---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-np, namespace: default}
+spec:
+  type: NodePort
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, targetPort: 7000}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo-lb, namespace: default}
+spec:
+  type: LoadBalancer
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, targetPort: 7000}]
+"#;
+    apply(&k1, &echo_workload(2, services));
+    wait_available(&k1, 2);
+    let node_port = jsonpath(
+        &k1,
+        &["get", "service", "echo-np"],
+        "{.spec.ports[0].nodePort}",
+    );
+    let lb_ip = eventually(
+        "the LoadBalancer gets an address",
+        Duration::from_secs(30),
+        || {
+            let ip = jsonpath(
+                &k1,
+                &["get", "service", "echo-lb"],
+                "{.status.loadBalancer.ingress[0].ip}",
+            );
+            (!ip.is_empty())
+                .then_some(ip)
+                .ok_or_else(|| "no ingress yet".to_owned())
+        },
+    );
+    let plan = env.record(&c1).plan();
+    assert!(
+        plan.lb_net()
+            .contains(&lb_ip.parse::<std::net::Ipv4Addr>().expect("an IPv4")),
+        "{lb_ip} from the cluster's pool {}",
+        plan.lb_net()
+    );
+    let from = format!("sk.{c2}.n1");
+    for node in plan.node_plans() {
+        let target = format!("{}:{node_port}", node.ip);
+        let answer = eventually(
+            &format!("NodePort {target} answers from {from}"),
+            Duration::from_secs(30),
+            || traffic_from(&from, &target),
+        );
+        assert!(answer.starts_with("tcp pod=echo-"), "{answer}");
+    }
+    let target = format!("{lb_ip}:7000");
+    eventually(
+        &format!("LoadBalancer {target} answers from {from}"),
+        Duration::from_secs(30),
+        || traffic_from(&from, &target),
+    );
+}
