@@ -335,6 +335,33 @@ fn serving_status_name(status: u64) -> &'static str {
     }
 }
 
+/// The name gRPC gives a status code (`rpc error: code = NotFound ..`, as Go prints it).
+fn grpc_code_name(code: &str) -> &str {
+    const NAMES: [&str; 17] = [
+        "OK",
+        "Canceled",
+        "Unknown",
+        "InvalidArgument",
+        "DeadlineExceeded",
+        "NotFound",
+        "AlreadyExists",
+        "PermissionDenied",
+        "ResourceExhausted",
+        "FailedPrecondition",
+        "Aborted",
+        "OutOfRange",
+        "Unimplemented",
+        "Internal",
+        "Unavailable",
+        "DataLoss",
+        "Unauthenticated",
+    ];
+    code.parse::<usize>()
+        .ok()
+        .and_then(|n| NAMES.get(n).copied())
+        .unwrap_or(code)
+}
+
 /// Reads a protobuf varint at the start of `bytes`: the value and its length.
 fn varint(bytes: &[u8]) -> Option<(u64, usize)> {
     let mut value = 0u64;
@@ -443,7 +470,8 @@ async fn grpc(addr: SocketAddr, service: &str, timeout: Duration) -> Outcome {
         let code = field("grpc-status").unwrap_or_else(|| "2".to_owned());
         if code != "0" {
             return Err(format!(
-                "rpc error: code = {code} desc = {}",
+                "rpc error: code = {} desc = {}",
+                grpc_code_name(&code),
                 field("grpc-message").unwrap_or_default()
             ));
         }
@@ -773,6 +801,146 @@ mod tests {
     fn io_errors_read_like_the_kubelets() {
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert_eq!(go_error(&refused), "connect: connection refused");
+    }
+
+    #[tokio::test]
+    async fn grpc_health_probes() {
+        use http_body_util::StreamBody;
+        use hyper::body::Frame;
+        let ip = IpAddr::from([127, 0, 0, 1]);
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        // A health server: "" is SERVING, "down" NOT_SERVING, anything else NOT_FOUND (5).
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(
+                    |request: http::Request<hyper::body::Incoming>| async move {
+                        assert_eq!(request.uri().path(), "/grpc.health.v1.Health/Check");
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let name =
+                            String::from_utf8_lossy(body.get(7..).unwrap_or_default()).into_owned();
+                        let mut trailers = http::HeaderMap::new();
+                        let mut frames = Vec::new();
+                        match name.as_str() {
+                            "" | "down" => {
+                                let status = if name.is_empty() { 1 } else { 2 };
+                                frames.push(Frame::data(Bytes::from(vec![
+                                    0, 0, 0, 0, 2, 0x08, status,
+                                ])));
+                                trailers.insert("grpc-status", "0".parse().expect("value"));
+                            }
+                            _ => {
+                                trailers.insert("grpc-status", "5".parse().expect("value"));
+                                trailers
+                                    .insert("grpc-message", "unknown service".parse().expect("v"));
+                            }
+                        }
+                        frames.push(Frame::trailers(trailers));
+                        let body = StreamBody::new(futures::stream::iter(
+                            frames.into_iter().map(Ok::<_, std::convert::Infallible>),
+                        ));
+                        Ok::<_, hyper::Error>(
+                            http::Response::builder()
+                                .header("content-type", "application/grpc")
+                                .body(body)
+                                .expect("response"),
+                        )
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        let target = ProbeTarget {
+            pod_ip: ip,
+            container: Container::default(),
+            running: RunningContainer {
+                pod_uid: "u".into(),
+                pid: std::process::id(),
+                netns: "/proc/self/ns/net".into(),
+                env: Vec::new(),
+                working_dir: "/".into(),
+            },
+        };
+        let check = |service: &str| Action::Grpc {
+            port,
+            service: service.into(),
+        };
+        let second = Duration::from_secs(2);
+        assert_eq!(
+            run_probe(&check(""), &target, second).await,
+            Outcome::Success
+        );
+        assert_eq!(
+            run_probe(&check("down"), &target, second).await,
+            Outcome::Failure("service unhealthy (responded with \"NOT_SERVING\")".into())
+        );
+        assert_eq!(
+            run_probe(&check("other"), &target, second).await,
+            Outcome::Failure("rpc error: code = NotFound desc = unknown service".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn https_probes_skip_certificate_verification() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let ip = IpAddr::from([127, 0, 0, 1]);
+        // A self-signed certificate for another name: verification would reject it.
+        let tls = crate::kubelet::tls_config("not-this-host", IpAddr::from([192, 0, 2, 1]))
+            .expect("server TLS");
+        let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let acceptor = acceptor.clone();
+                tokio::spawn(async move {
+                    let Ok(mut stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let mut buf = vec![0u8; 4096];
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    let request = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let status = if request.starts_with("GET /ok ") {
+                        "204 No Content"
+                    } else {
+                        "500 Internal Server Error"
+                    };
+                    let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\n\r\n");
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        let target = ProbeTarget {
+            pod_ip: ip,
+            container: Container::default(),
+            running: RunningContainer {
+                pod_uid: "u".into(),
+                pid: std::process::id(),
+                netns: "/proc/self/ns/net".into(),
+                env: Vec::new(),
+                working_dir: "/".into(),
+            },
+        };
+        let get = |path: &str| Action::HttpGet {
+            scheme: Scheme::Https,
+            host: None,
+            port: crate::probes::PortRef::Number(port),
+            path: path.into(),
+            headers: Vec::new(),
+        };
+        let second = Duration::from_secs(2);
+        assert_eq!(
+            run_probe(&get("/ok"), &target, second).await,
+            Outcome::Success
+        );
+        assert_eq!(
+            run_probe(&get("/broken"), &target, second).await,
+            Outcome::Failure("HTTP probe failed with statuscode: 500".into())
+        );
     }
 
     #[tokio::test]
