@@ -11,11 +11,12 @@ use hickory_client::proto::runtime::TokioRuntimeProvider;
 use hickory_client::proto::tcp::TcpClientStream;
 use hickory_client::proto::udp::UdpClientStream;
 use hickory_client::proto::xfer::DnsResponse;
-use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
+use simkube::controllers::Controllers;
 use simkube_dns::{DnsConfig, Metrics};
 use tokio_util::sync::CancellationToken;
 
@@ -34,11 +35,16 @@ struct Fixture {
 
 impl Fixture {
     async fn start() -> Self {
+        Self::with_controllers(Controllers::none()).await
+    }
+
+    async fn with_controllers(controllers: Controllers) -> Self {
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
             .try_init();
         let cluster = simkube::Cluster::builder()
+            .controllers(controllers)
             .start()
             .await
             .expect("start simkube");
@@ -396,5 +402,77 @@ async fn metrics_count_queries_by_type_and_code() {
     ] {
         assert!(text.contains(line), "missing {line} in:\n{text}");
     }
+    dns.stop().await;
+}
+
+/// Marks a pod Running with `ip`, Ready or not, as its kubelet would.
+async fn set_pod_ready(client: &kube::Client, name: &str, ip: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({"status": {
+        "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "Ready", "status": status}],
+    }});
+    Api::<Pod>::default_namespaced(client.clone())
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("pod status");
+}
+
+#[tokio::test]
+async fn headless_answers_follow_pod_readiness_through_the_endpointslice_controller() {
+    let dns = Fixture::with_controllers(Controllers {
+        endpoint_slices: true,
+        ..Controllers::none()
+    })
+    .await;
+    let client = dns.cluster.client();
+    create_service(
+        &client,
+        "db",
+        json!({"clusterIP": "None", "selector": {"app": "db"},
+            "ports": [{"name": "pg", "port": 5432}]}),
+    )
+    .await;
+    for (i, ip) in ["10.244.1.5", "10.244.2.6"].iter().enumerate() {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": format!("db-{i}"), "labels": {"app": "db"}},
+            "spec": {"nodeName": "n1", "hostname": format!("db-{i}"), "subdomain": "db",
+                "containers": [{"name": "pg", "image": "postgres",
+                    "ports": [{"name": "pg", "containerPort": 5432}]}]},
+        }))
+        .expect("pod");
+        Api::<Pod>::default_namespaced(client.clone())
+            .create(&PostParams::default(), &pod)
+            .await
+            .expect("create pod");
+        set_pod_ready(&client, &format!("db-{i}"), ip, true).await;
+    }
+    let both = ips(&["10.244.1.5", "10.244.2.6"]);
+    dns.eventually(
+        "both pods",
+        "db.default.svc.cluster.local.",
+        RecordType::A,
+        |r| addresses(r) == both,
+    )
+    .await;
+    // The pods' hostname and subdomain name them under the Service.
+    let one = dns
+        .ask("db-1.db.default.svc.cluster.local.", RecordType::A)
+        .await;
+    assert_eq!(addresses(&one), ips(&["10.244.2.6"]));
+
+    set_pod_ready(&client, "db-1", "10.244.2.6", false).await;
+    let first = ips(&["10.244.1.5"]);
+    dns.eventually(
+        "the unready pod gone",
+        "db.default.svc.cluster.local.",
+        RecordType::A,
+        |r| addresses(r) == first,
+    )
+    .await;
+    let gone = dns
+        .ask("db-1.db.default.svc.cluster.local.", RecordType::A)
+        .await;
+    assert_eq!(gone.response_code(), ResponseCode::NXDomain);
     dns.stop().await;
 }
