@@ -1,8 +1,9 @@
 //! Built-in workloads for simulated pods, run as `<node binary> __builtin <name> [options]`:
 //! `echo` (TCP, UDP and HTTP servers that answer with the pod's name and the peer address they
 //! saw; HTTP `/healthz` answers 503 while the file named by `--healthz-file` is missing, for
-//! probe tests), `sleeper` (waits, optionally exits with a chosen code) and `traffic` (a client
-//! that talks to an echo server and prints every answer).
+//! probe tests), `sleeper` (waits, optionally exits with a chosen code), `traffic` (a client
+//! that talks to an echo server and prints every answer) and `apicheck` (an in-cluster kube-rs
+//! client that reads its own pod, to prove the pod's service-account files work).
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs as _, UdpSocket};
@@ -18,15 +19,16 @@ pub const ECHO_HTTP_PORT: u16 = 8080;
 /// Runs the built-in named by `args[0]`; returns the process exit code.
 pub fn run(args: &[String]) -> i32 {
     let Some((name, rest)) = args.split_first() else {
-        eprintln!("usage: __builtin <echo|sleeper|traffic> [options]");
+        eprintln!("usage: __builtin <echo|sleeper|traffic|apicheck> [options]");
         return 2;
     };
     let result = match name.as_str() {
         "echo" => echo(rest),
         "sleeper" => sleeper(rest),
         "traffic" => traffic(rest),
+        "apicheck" => apicheck(rest),
         other => Err(format!(
-            "unknown built-in {other:?} (echo, sleeper, traffic)"
+            "unknown built-in {other:?} (echo, sleeper, traffic, apicheck)"
         )),
     };
     match result {
@@ -36,6 +38,43 @@ pub fn run(args: &[String]) -> i32 {
             2
         }
     }
+}
+
+/// `apicheck`: an unmodified kube-rs in-cluster client (service-account token, CA and
+/// namespace files, `KUBERNETES_SERVICE_HOST`/`PORT`) reads its own pod and prints what it
+/// got; exits 0 on success, 1 when the API refused or was unreachable.
+fn apicheck(args: &[String]) -> Result<i32, String> {
+    options(args, &[])?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start a runtime: {e}"))?;
+    runtime.block_on(async {
+        let config =
+            kube::Config::incluster().map_err(|e| format!("no in-cluster configuration: {e}"))?;
+        let url = config.cluster_url.clone();
+        let namespace = config.default_namespace.clone();
+        let client = kube::Client::try_from(config).map_err(|e| format!("client: {e}"))?;
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+            kube::Api::namespaced(client, &namespace);
+        let name = std::env::var("HOSTNAME").unwrap_or_default();
+        match pods.get(&name).await {
+            Ok(pod) => {
+                println!(
+                    "apicheck ok: {url} pod {namespace}/{name} uid={} serviceAccount={}",
+                    pod.metadata.uid.unwrap_or_default(),
+                    pod.spec
+                        .and_then(|s| s.service_account_name)
+                        .unwrap_or_default()
+                );
+                Ok(0)
+            }
+            Err(e) => {
+                println!("apicheck failed: {url} pod {namespace}/{name}: {e}");
+                Ok(1)
+            }
+        }
+    })
 }
 
 /// Parses `--key value` options; every key must be in `known`.

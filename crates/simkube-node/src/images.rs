@@ -14,7 +14,7 @@ use serde::Deserialize;
 pub const BUILTIN_REGISTRY: &str = "simkube.dev";
 
 /// Names of the built-in workloads.
-pub const BUILTINS: &[&str] = &["echo", "sleeper", "traffic"];
+pub const BUILTINS: &[&str] = &["echo", "sleeper", "traffic", "apicheck"];
 
 /// The argument that makes the node binary run a built-in workload instead of the agent.
 pub const BUILTIN_ARG: &str = "__builtin";
