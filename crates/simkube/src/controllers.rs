@@ -15,6 +15,7 @@ pub mod namespace;
 pub mod node_lifecycle;
 pub mod scheduler;
 pub mod service_accounts;
+pub mod taint_eviction;
 pub mod workloads;
 
 use std::sync::Arc;
@@ -53,6 +54,9 @@ pub struct Controllers {
     pub node_lifecycle: bool,
     /// Gives LoadBalancer Services an ingress IP from the configured pool.
     pub load_balancer: bool,
+    /// Deletes pods from nodes with `NoExecute` taints they do not tolerate (or once their
+    /// `tolerationSeconds` ran out).
+    pub taint_eviction: bool,
 }
 
 impl Controllers {
@@ -68,6 +72,7 @@ impl Controllers {
             endpoint_slices: true,
             node_lifecycle: true,
             load_balancer: true,
+            taint_eviction: true,
         }
     }
 
@@ -87,6 +92,7 @@ impl Controllers {
             || self.endpoint_slices
             || self.node_lifecycle
             || self.load_balancer
+            || self.taint_eviction
     }
 }
 
@@ -147,6 +153,12 @@ pub fn spawn(
         tasks.push(tokio::spawn(node_lifecycle::run(
             client.clone(),
             settings.node_monitor_grace_period,
+            shutdown.clone(),
+        )));
+    }
+    if controllers.taint_eviction {
+        tasks.push(tokio::spawn(taint_eviction::run(
+            client.clone(),
             shutdown.clone(),
         )));
     }

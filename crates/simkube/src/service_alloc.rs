@@ -219,6 +219,38 @@ impl ServiceAllocator {
     /// Fills in a new Service's `clusterIP`/`clusterIPs` and node ports, validating requested
     /// ones. Nothing is written to `svc` unless every allocation succeeds.
     pub fn assign(&mut self, svc: &mut Value, rng: &mut impl Rng) -> Result<(), Vec<AllocError>> {
+        self.assign_with(svc, None, rng)
+    }
+
+    /// The same for an update of `old` to `svc`, with `self` holding what every OTHER Service
+    /// uses: the IP and node ports `old` already had stay its own, new ones are allocated (a
+    /// Service turning NodePort or LoadBalancer gets a node port for each port, one coming back
+    /// from ExternalName a ClusterIP) and requested new ones validated with the real 422s.
+    /// Ports it no longer carries are free once the update is stored.
+    pub fn assign_update(
+        &mut self,
+        old: &Value,
+        svc: &mut Value,
+        rng: &mut impl Rng,
+    ) -> Result<(), Vec<AllocError>> {
+        self.assign_with(svc, Some(old), rng)
+    }
+
+    fn assign_with(
+        &mut self,
+        svc: &mut Value,
+        old: Option<&Value>,
+        rng: &mut impl Rng,
+    ) -> Result<(), Vec<AllocError>> {
+        let old_ip = old
+            .and_then(|o| o["spec"]["clusterIP"].as_str())
+            .and_then(|s| s.parse::<Ipv4Addr>().ok());
+        let old_ports: BTreeSet<i64> = old
+            .and_then(|o| o["spec"]["ports"].as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["nodePort"].as_i64())
+            .collect();
         let spec = &svc["spec"];
         let kind = spec["type"].as_str().unwrap_or("ClusterIP").to_owned();
         if kind == "ExternalName" {
@@ -236,6 +268,10 @@ impl ServiceAllocator {
                 }
             },
             text => match text.parse::<Ipv4Addr>() {
+                Ok(kept) if Some(kept) == old_ip => {
+                    self.ips.insert(u32::from(kept));
+                    Some(kept)
+                }
                 Ok(requested) => match self.allocate_ip(Some(requested), rng) {
                     Ok(ip) => Some(ip),
                     Err(e) => {
@@ -257,7 +293,17 @@ impl ServiceAllocator {
         let mut ports = Vec::new();
         if matches!(kind.as_str(), "NodePort" | "LoadBalancer") {
             for (i, p) in spec["ports"].as_array().into_iter().flatten().enumerate() {
-                match self.allocate_port(i, p["nodePort"].as_i64().filter(|n| *n != 0), rng) {
+                let requested = p["nodePort"].as_i64().filter(|n| *n != 0);
+                let kept = requested
+                    .filter(|n| old_ports.contains(n))
+                    .and_then(|n| u16::try_from(n).ok());
+                if let Some(port) = kept
+                    && self.ports.insert(port)
+                {
+                    ports.push(port);
+                    continue;
+                }
+                match self.allocate_port(i, requested, rng) {
                     Ok(port) => ports.push(port),
                     Err(e) => errors.push(e),
                 }
@@ -390,6 +436,67 @@ mod tests {
             json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 30080}]}});
         drop_type_dependent_fields(&old, &mut still);
         assert_eq!(still["spec"]["ports"][0]["nodePort"], 30080);
+    }
+
+    #[test]
+    fn an_update_keeps_its_own_allocations_and_validates_new_ones() {
+        let mut r = rng();
+        let others = [
+            json!({"spec": {"clusterIP": "10.96.0.5", "type": "NodePort",
+            "ports": [{"port": 80, "nodePort": 30005}]}}),
+        ];
+        let old = json!({"spec": {"clusterIP": "10.96.0.9", "type": "NodePort",
+            "ports": [{"port": 80, "nodePort": 30009}]}});
+        let update = |new: Value| {
+            let mut a = ServiceAllocator::from_services(DEFAULT_SERVICE_CIDR, &others);
+            let mut new = new;
+            a.assign_update(&old, &mut new, &mut rng())
+                .map(|()| new)
+                .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
+        };
+        // Its own IP and node port stay; a second port gets a fresh node port.
+        let kept = update(
+            json!({"spec": {"clusterIP": "10.96.0.9", "type": "NodePort",
+            "ports": [{"port": 80, "nodePort": 30009}, {"port": 81}]}}),
+        )
+        .expect("kept");
+        assert_eq!(kept["spec"]["ports"][0]["nodePort"], 30009);
+        let fresh = kept["spec"]["ports"][1]["nodePort"]
+            .as_u64()
+            .expect("allocated");
+        assert!(NODE_PORT_RANGE.contains(&u16::try_from(fresh).expect("u16")));
+        assert_ne!(fresh, 30005);
+        // A node port another Service holds, or one out of range, is refused.
+        assert_eq!(
+            update(
+                json!({"spec": {"clusterIP": "10.96.0.9", "type": "NodePort",
+                "ports": [{"port": 80, "nodePort": 30005}]}})
+            ),
+            Err(vec![
+                "spec.ports[0].nodePort: Invalid value: 30005: provided port is already allocated"
+                    .to_owned()
+            ])
+        );
+        assert_eq!(
+            update(json!({"spec": {"clusterIP": "10.96.0.9", "type": "LoadBalancer",
+                "ports": [{"port": 80, "nodePort": 29999}]}})),
+            Err(vec!["spec.ports[0].nodePort: Invalid value: 29999: provided port is not in the valid range. The range of valid ports is 30000-32767".to_owned()])
+        );
+        // Coming back from ExternalName allocates a ClusterIP.
+        let external = json!({"spec": {"type": "ExternalName", "externalName": "example.com"}});
+        let mut a = ServiceAllocator::from_services(DEFAULT_SERVICE_CIDR, &others);
+        let mut back = json!({"spec": {"type": "ClusterIP", "ports": [{"port": 80}]}});
+        a.assign_update(&external, &mut back, &mut r)
+            .expect("ClusterIP again");
+        assert!(
+            a.in_range(
+                back["spec"]["clusterIP"]
+                    .as_str()
+                    .expect("ip")
+                    .parse()
+                    .expect("v4")
+            )
+        );
     }
 
     #[test]

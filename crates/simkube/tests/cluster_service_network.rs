@@ -182,3 +182,119 @@ async fn the_kubernetes_endpoints_follow_the_listener_and_are_repaired() {
         Some("10.96.0.1")
     );
 }
+
+async fn node_ports(api: &Api<Service>, name: &str) -> Vec<Option<i32>> {
+    api.get(name)
+        .await
+        .expect("get")
+        .spec
+        .and_then(|s| s.ports)
+        .unwrap_or_default()
+        .iter()
+        .map(|p| p.node_port)
+        .collect()
+}
+
+async fn merge(
+    api: &Api<Service>,
+    name: &str,
+    patch: serde_json::Value,
+) -> Result<Service, (u16, String)> {
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(status) => (status.code, status.message),
+            other => panic!("unexpected error {other:?}"),
+        })
+}
+
+#[tokio::test]
+async fn changing_the_type_allocates_validates_and_releases_node_ports() {
+    let cluster = simkube::Cluster::builder().start().await.expect("start");
+    let api: Api<Service> = Api::default_namespaced(cluster.client());
+    api.create(&PostParams::default(), &service("web", None))
+        .await
+        .expect("create");
+    api.create(&PostParams::default(), &service("other", None))
+        .await
+        .expect("create");
+    let ip = api
+        .get("web")
+        .await
+        .expect("get")
+        .spec
+        .and_then(|s| s.cluster_ip);
+
+    // ClusterIP -> NodePort: a node port is allocated, the ClusterIP stays.
+    merge(&api, "web", json!({"spec": {"type": "NodePort"}}))
+        .await
+        .expect("to NodePort");
+    let ports = node_ports(&api, "web").await;
+    let port = ports[0].expect("a node port");
+    assert!((30000..=32767).contains(&port), "{port}");
+    assert_eq!(
+        api.get("web")
+            .await
+            .expect("get")
+            .spec
+            .and_then(|s| s.cluster_ip),
+        ip
+    );
+    // An unrelated update keeps it.
+    merge(&api, "web", json!({"metadata": {"labels": {"x": "y"}}}))
+        .await
+        .expect("label");
+    assert_eq!(node_ports(&api, "web").await, [Some(port)]);
+
+    // Another Service may not take it, nor one outside the range.
+    assert_eq!(
+        merge(
+            &api,
+            "other",
+            json!({"spec": {"type": "NodePort", "ports": [{"port": 80, "nodePort": port}]}})
+        )
+        .await
+        .map(|_| ()),
+        Err((
+            422,
+            format!(
+                "Service \"other\" is invalid: spec.ports[0].nodePort: Invalid value: {port}: \
+                 provided port is already allocated"
+            )
+        ))
+    );
+    assert_eq!(
+        merge(
+            &api,
+            "other",
+            json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": 80}]}})
+        )
+        .await
+        .map(|_| ()),
+        Err((
+            422,
+            "Service \"other\" is invalid: spec.ports[0].nodePort: Invalid value: 80: provided \
+             port is not in the valid range. The range of valid ports is 30000-32767"
+                .to_owned()
+        ))
+    );
+    assert_eq!(
+        node_ports(&api, "other").await,
+        [None],
+        "nothing half-applied"
+    );
+
+    // Back to ClusterIP: the port is dropped and free for `other`.
+    merge(&api, "web", json!({"spec": {"type": "ClusterIP"}}))
+        .await
+        .expect("to ClusterIP");
+    assert_eq!(node_ports(&api, "web").await, [None]);
+    merge(
+        &api,
+        "other",
+        json!({"spec": {"type": "LoadBalancer", "ports": [{"port": 80, "nodePort": port}]}}),
+    )
+    .await
+    .expect("the released port");
+    assert_eq!(node_ports(&api, "other").await, [Some(port)]);
+}

@@ -730,6 +730,9 @@ fn namespace_admission(
 /// Type-specific admission on create that needs the store (allocations, CRDs, CRs).
 fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), ApiError> {
     let rt = &ctx.rt;
+    if rt.group.is_empty() && rt.plural == "pods" {
+        crate::controllers::taint_eviction::default_toleration_seconds(obj);
+    }
     match (rt.group.as_str(), rt.plural.as_str()) {
         ("", "services") => {
             let services = txn.list(&TypeKey::new("", "services"), None);
@@ -738,19 +741,7 @@ fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Result<(), Api
                 services.iter().map(|s| &**s),
             );
             if let Err(errors) = alloc.assign(obj, &mut rand::rng()) {
-                let causes: Vec<Cause> = errors
-                    .iter()
-                    .map(|e| Cause {
-                        reason: "FieldValueInvalid".into(),
-                        message: format!("Invalid value: {}: {}", e.value, e.detail),
-                        field: e.field.clone(),
-                    })
-                    .collect();
-                let name = obj["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                return Err(ApiError::invalid("", "Service", &name, &causes));
+                return Err(service_invalid(obj, &errors));
             }
         }
         ("", "pods") => crate::admission::admit_pod(
@@ -806,10 +797,42 @@ fn admit_rbac(
     }
 }
 
-fn admit_update(ctx: &Ctx<'_>, old: &Value, new: &mut Value) -> Result<(), ApiError> {
+/// The 422 for a Service whose IP or node ports cannot be had.
+fn service_invalid(svc: &Value, errors: &[crate::service_alloc::AllocError]) -> ApiError {
+    let causes: Vec<Cause> = errors
+        .iter()
+        .map(|e| Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {}: {}", e.value, e.detail),
+            field: e.field.clone(),
+        })
+        .collect();
+    let name = svc["metadata"]["name"].as_str().unwrap_or_default();
+    ApiError::invalid("", "Service", name, &causes)
+}
+
+fn admit_update(
+    ctx: &Ctx<'_>,
+    txn: &Txn<'_>,
+    old: &Value,
+    new: &mut Value,
+) -> Result<(), ApiError> {
     let rt = &ctx.rt;
     if rt.group.is_empty() && rt.plural == "services" {
         crate::service_alloc::drop_type_dependent_fields(old, new);
+        let this = obj_key(old);
+        let others: Vec<_> = txn
+            .list(&TypeKey::new("", "services"), None)
+            .into_iter()
+            .filter(|s| obj_key(s) != this)
+            .collect();
+        let mut alloc = crate::service_alloc::ServiceAllocator::from_services(
+            ctx.state.config.service_cidr,
+            others.iter().map(|s| &**s),
+        );
+        if let Err(errors) = alloc.assign_update(old, new, &mut rand::rng()) {
+            return Err(service_invalid(new, &errors));
+        }
     }
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
         crd::default_crd(new);
@@ -1043,7 +1066,7 @@ fn write_update(
         _ => {
             strategy::prepare_update(rt, old, &mut new, sub)?;
             if sub.is_none() {
-                admit_update(ctx, old, &mut new)?;
+                admit_update(ctx, txn, old, &mut new)?;
                 admit_rbac(ctx, txn, &new, Some(old))?;
             }
         }

@@ -46,6 +46,8 @@ pub enum DeploymentError {
 const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 /// Old ReplicaSets kept by default.
 const DEFAULT_HISTORY: i32 = 10;
+/// `progressDeadlineSeconds` when unset (the API server defaults it to this).
+pub const DEFAULT_PROGRESS_DEADLINE: i32 = 600;
 
 /// The `pod-template-hash` of a template: FNV-1a (32 bit) of its canonical JSON and the
 /// collision count, printed in decimal and mapped through the safe alphabet, as the real
@@ -276,11 +278,13 @@ fn condition(
     }
 }
 
-/// The status a Deployment reports for its ReplicaSets.
+/// The status a Deployment reports for its ReplicaSets; `created_new` says this pass created
+/// the new ReplicaSet.
 pub fn deployment_status(
     deploy: &Deployment,
     new: Option<&RsState>,
     old: &[RsState],
+    created_new: bool,
     now: Timestamp,
 ) -> DeploymentStatus {
     let spec = deploy.spec.clone().unwrap_or_default();
@@ -328,52 +332,178 @@ pub fn deployment_status(
         )
     };
     let mut conditions = vec![available_condition];
-    if let Some(n) = new {
-        let complete = n.replicas == replicas
-            && n.actual == replicas
-            && n.available == replicas
-            && actual == replicas;
-        let progressing = if spec.paused == Some(true) {
-            condition(
-                previous,
-                "Progressing",
-                "Unknown",
-                "DeploymentPaused",
-                "Deployment is paused".into(),
-                now,
-            )
-        } else if complete {
-            condition(
-                previous,
-                "Progressing",
-                "True",
-                "NewReplicaSetAvailable",
-                format!("ReplicaSet \"{}\" has successfully progressed.", n.name),
-                now,
-            )
-        } else {
-            condition(
-                previous,
-                "Progressing",
-                "True",
-                "ReplicaSetUpdated",
-                format!("ReplicaSet \"{}\" is progressing.", n.name),
-                now,
-            )
-        };
-        conditions.push(progressing);
-    }
-    DeploymentStatus {
+    let mut status = DeploymentStatus {
         observed_generation: deploy.metadata.generation,
         replicas: Some(actual),
         updated_replicas: Some(updated),
         ready_replicas: Some(ready),
         available_replicas: Some(available),
         unavailable_replicas: Some((spec_total - available).max(0)),
-        conditions: Some(conditions),
+        conditions: None,
         collision_count: deploy.status.as_ref().and_then(|s| s.collision_count),
         ..DeploymentStatus::default()
+    };
+    let progressing = previous
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "Progressing")
+        .cloned();
+    let progressing = if spec.paused == Some(true) {
+        Some(condition(
+            previous,
+            "Progressing",
+            "Unknown",
+            "DeploymentPaused",
+            "Deployment is paused".into(),
+            now,
+        ))
+    } else {
+        rollout_progress(deploy, &status, new, progressing, created_new, now)
+    };
+    conditions.extend(progressing);
+    status.conditions = Some(conditions);
+    status
+}
+
+/// The `Progressing` condition after one pass, as the real controller's `syncRolloutStatus`
+/// decides it: `NewReplicaSetCreated` when this pass created the new ReplicaSet,
+/// `NewReplicaSetAvailable` once the rollout completed, `ReplicaSetUpdated` (with a fresh
+/// `lastUpdateTime`) whenever it made progress since the last status, and `False` with
+/// `ProgressDeadlineExceeded` once `progressDeadlineSeconds` passed since the last progress.
+pub fn rollout_progress(
+    deploy: &Deployment,
+    status: &DeploymentStatus,
+    new: Option<&RsState>,
+    current: Option<DeploymentCondition>,
+    created_new: bool,
+    now: Timestamp,
+) -> Option<DeploymentCondition> {
+    let Some(n) = new else {
+        return current;
+    };
+    let spec = deploy.spec.clone().unwrap_or_default();
+    let deadline = spec
+        .progress_deadline_seconds
+        .unwrap_or(DEFAULT_PROGRESS_DEADLINE);
+    let has_deadline = deadline != i32::MAX;
+    let fresh = |status: &str, reason: &str, message: String| DeploymentCondition {
+        type_: "Progressing".into(),
+        status: status.into(),
+        reason: Some(reason.into()),
+        message: Some(message),
+        last_update_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+    };
+    // `SetDeploymentCondition`: the same status and reason leave the condition alone; the same
+    // status keeps its transition time.
+    let set = |current: Option<DeploymentCondition>, mut want: DeploymentCondition| match current {
+        Some(c) if c.status == want.status && c.reason == want.reason => c,
+        Some(c) if c.status == want.status => {
+            want.last_transition_time = c.last_transition_time;
+            want
+        }
+        _ => want,
+    };
+    let mut current = current;
+    if has_deadline {
+        if created_new {
+            let created = fresh(
+                "True",
+                "NewReplicaSetCreated",
+                format!("Created new replica set \"{}\"", n.name),
+            );
+            current = Some(set(current, created));
+        } else if current.is_none() {
+            let found = fresh(
+                "True",
+                "FoundNewReplicaSet",
+                format!("Found new replica set \"{}\"", n.name),
+            );
+            current = Some(found);
+        }
     }
+    let replicas = spec.replicas.unwrap_or(1);
+    let reason_is = |c: &Option<DeploymentCondition>, reason: &str| {
+        c.as_ref().and_then(|c| c.reason.as_deref()) == Some(reason)
+    };
+    let complete_before =
+        status.replicas == status.updated_replicas && reason_is(&current, "NewReplicaSetAvailable");
+    if !has_deadline || complete_before {
+        return current;
+    }
+    let complete = status.updated_replicas == Some(replicas)
+        && status.replicas == Some(replicas)
+        && status.available_replicas == Some(replicas)
+        && status.observed_generation >= deploy.metadata.generation;
+    let before = deploy.status.clone().unwrap_or_default();
+    let old_replicas =
+        |s: &DeploymentStatus| s.replicas.unwrap_or(0) - s.updated_replicas.unwrap_or(0);
+    let progressed = status.updated_replicas.unwrap_or(0) > before.updated_replicas.unwrap_or(0)
+        || old_replicas(status) < old_replicas(&before)
+        || status.ready_replicas.unwrap_or(0) > before.ready_replicas.unwrap_or(0)
+        || status.available_replicas.unwrap_or(0) > before.available_replicas.unwrap_or(0);
+    if complete {
+        let done = fresh(
+            "True",
+            "NewReplicaSetAvailable",
+            format!("ReplicaSet \"{}\" has successfully progressed.", n.name),
+        );
+        return Some(set(current, done));
+    }
+    if progressed {
+        // Progress refreshes `lastUpdateTime` even when the reason stays the same: the
+        // deadline counts from the last progress.
+        let mut updated = fresh(
+            "True",
+            "ReplicaSetUpdated",
+            format!("ReplicaSet \"{}\" is progressing.", n.name),
+        );
+        if let Some(c) = &current
+            && c.status == "True"
+        {
+            updated.last_transition_time = c.last_transition_time.clone();
+        }
+        return Some(updated);
+    }
+    if let Some(since) = progress_deadline(deploy, current.as_ref())
+        && since <= now
+    {
+        let timed_out = fresh(
+            "False",
+            "ProgressDeadlineExceeded",
+            format!("ReplicaSet \"{}\" has timed out progressing.", n.name),
+        );
+        return Some(set(current, timed_out));
+    }
+    current
+}
+
+/// When a rollout without progress since its `Progressing` condition's `lastUpdateTime` runs
+/// out of time (`None` when there is no deadline to watch: none set, complete, or timed out).
+pub fn progress_deadline(
+    deploy: &Deployment,
+    progressing: Option<&DeploymentCondition>,
+) -> Option<Timestamp> {
+    let deadline = deploy
+        .spec
+        .as_ref()
+        .and_then(|s| s.progress_deadline_seconds)
+        .unwrap_or(DEFAULT_PROGRESS_DEADLINE);
+    let c = progressing?;
+    if deadline == i32::MAX
+        || deploy.spec.as_ref().and_then(|s| s.paused) == Some(true)
+        || matches!(
+            c.reason.as_deref(),
+            Some("NewReplicaSetAvailable" | "ProgressDeadlineExceeded")
+        )
+    {
+        return None;
+    }
+    let from = c.last_update_time.as_ref()?.0;
+    from.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
+        deadline,
+    )))
+    .ok()
 }
 
 /// Old ReplicaSets beyond the history limit, oldest revision first: the ones to delete.
@@ -552,13 +682,17 @@ async fn reconcile(cached: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
         rolling_steps(replicas, surge, unavailable, new_state.as_ref(), &old)
     };
     let mut changed = false;
+    let mut created_new = false;
     for step in steps {
         changed = true;
         match step {
             Step::CreateNew(n) => {
                 let rs = new_replica_set(&deploy, &hash, n, max_old_revision + 1, replicas + surge);
                 match sets_api.create(&PostParams::default(), &rs).await {
-                    Ok(created) => new_rs = Some(created),
+                    Ok(created) => {
+                        new_rs = Some(created);
+                        created_new = true;
+                    }
                     Err(e) if is_status(&e, 409) || is_status(&e, 403) => {}
                     Err(e) => return Err(e.into()),
                 }
@@ -608,7 +742,8 @@ async fn reconcile(cached: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
                 .await?;
         }
     }
-    let status = deployment_status(&deploy, new_state.as_ref(), &old, Timestamp::now());
+    let now = Timestamp::now();
+    let status = deployment_status(&deploy, new_state.as_ref(), &old, created_new, now);
     if deploy.status.as_ref() != Some(&status) {
         let patch = json!({"status": status});
         match deployments
@@ -624,8 +759,21 @@ async fn reconcile(cached: Arc<Deployment>, ctx: Arc<Context>) -> Result<Action,
             Err(e) => return Err(e.into()),
         }
     }
+    // A stuck rollout changes nothing that would wake the controller: come back when its
+    // progress deadline passes (the real controller's `requeueStuckDeployment`).
+    let progressing = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Progressing");
+    let stuck_check = progress_deadline(&deploy, progressing).map(|at| {
+        let wait_ms = at.as_millisecond() - now.as_millisecond();
+        Duration::from_millis(u64::try_from(wait_ms).unwrap_or(0)) + Duration::from_millis(50)
+    });
     Ok(if changed || waiting_for_pods {
         Action::requeue(Duration::from_millis(200))
+    } else if let Some(wait) = stuck_check {
+        Action::requeue(wait)
     } else {
         Action::await_change()
     })

@@ -135,7 +135,13 @@ fn status_and_conditions_use_the_real_reasons() {
     let now: Timestamp = "2024-01-01T00:00:00Z".parse().expect("time");
     let d = deployment(3);
     // Three replicas at the default 25% may have none unavailable.
-    let s = deployment_status(&d, Some(&rs("web-x", 3, 2)), &[rs("web-o", 1, 1)], now);
+    let s = deployment_status(
+        &d,
+        Some(&rs("web-x", 3, 2)),
+        &[rs("web-o", 1, 1)],
+        false,
+        now,
+    );
     assert_eq!(
         (
             s.replicas,
@@ -167,7 +173,13 @@ fn status_and_conditions_use_the_real_reasons() {
             ),
         ]
     );
-    let done = deployment_status(&d, Some(&rs("web-x", 3, 3)), &[rs("web-o", 0, 0)], now);
+    let done = deployment_status(
+        &d,
+        Some(&rs("web-x", 3, 3)),
+        &[rs("web-o", 0, 0)],
+        false,
+        now,
+    );
     let progressing = &done.conditions.expect("conditions")[1];
     assert_eq!(
         progressing.reason.as_deref(),
@@ -177,7 +189,7 @@ fn status_and_conditions_use_the_real_reasons() {
         progressing.message.as_deref(),
         Some("ReplicaSet \"web-x\" has successfully progressed.")
     );
-    let short = deployment_status(&d, Some(&rs("web-x", 3, 2)), &[], now);
+    let short = deployment_status(&d, Some(&rs("web-x", 3, 2)), &[], false, now);
     assert_eq!(
         short.conditions.expect("conditions")[0].reason.as_deref(),
         Some("MinimumReplicasUnavailable")
@@ -189,8 +201,14 @@ fn unchanged_conditions_keep_their_times() {
     let first: Timestamp = "2024-01-01T00:00:00Z".parse().expect("time");
     let later: Timestamp = "2024-01-01T01:00:00Z".parse().expect("time");
     let mut d = deployment(1);
-    d.status = Some(deployment_status(&d, Some(&rs("web-x", 1, 1)), &[], first));
-    let again = deployment_status(&d, Some(&rs("web-x", 1, 1)), &[], later);
+    d.status = Some(deployment_status(
+        &d,
+        Some(&rs("web-x", 1, 1)),
+        &[],
+        false,
+        first,
+    ));
+    let again = deployment_status(&d, Some(&rs("web-x", 1, 1)), &[], false, later);
     assert_eq!(d.status.as_ref(), Some(&again));
 }
 
@@ -249,4 +267,114 @@ fn history_keeps_the_newest_idle_sets() {
     assert_eq!(history_to_prune(&old, 1), ["r1", "r2"]);
     assert_eq!(history_to_prune(&old, 5), Vec::<String>::new());
     assert_eq!(history_to_prune(&old, 0), ["r1", "r2", "r3"]);
+}
+
+fn at(offset_secs: i64) -> Timestamp {
+    let start: Timestamp = "2024-01-01T00:00:00Z".parse().expect("time");
+    start
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(offset_secs))
+        .expect("time")
+}
+
+fn progressing(status: &DeploymentStatus) -> DeploymentCondition {
+    status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "Progressing")
+        .cloned()
+        .expect("a Progressing condition")
+}
+
+/// (status, reason, message, lastUpdateTime, lastTransitionTime) in seconds after the start.
+fn summary(c: &DeploymentCondition) -> (String, String, String, i64, i64) {
+    let secs = |t: &Option<Time>| {
+        t.as_ref()
+            .map_or(-1, |t| t.0.as_second() - at(0).as_second())
+    };
+    (
+        c.status.clone(),
+        c.reason.clone().unwrap_or_default(),
+        c.message.clone().unwrap_or_default(),
+        secs(&c.last_update_time),
+        secs(&c.last_transition_time),
+    )
+}
+
+#[test]
+fn a_rollout_without_progress_exceeds_its_deadline_and_recovers_on_completion() {
+    let mut d = deployment(2);
+    d.spec.as_mut().expect("spec").progress_deadline_seconds = Some(10);
+    let state = |actual: i32, ready: i32| RsState {
+        name: "web-x".into(),
+        replicas: 2,
+        actual,
+        ready,
+        available: ready,
+    };
+    // (seconds, new ReplicaSet created this pass, its pods, its ready pods)
+    let passes = [
+        (0, true, 0, 0),
+        (3, false, 2, 0),
+        (8, false, 2, 0),
+        (14, false, 2, 0),
+        (20, false, 2, 0),
+        (21, false, 2, 2),
+    ];
+    let mut seen = Vec::new();
+    let mut deadlines = Vec::new();
+    for (secs, created, actual, ready) in passes {
+        let status = deployment_status(&d, Some(&state(actual, ready)), &[], created, at(secs));
+        let c = progressing(&status);
+        deadlines.push(progress_deadline(&d, Some(&c)).map(|t| t.as_second() - at(0).as_second()));
+        seen.push(summary(&c));
+        d.status = Some(status);
+    }
+    let text = seen
+        .iter()
+        .zip(&deadlines)
+        .map(|(c, deadline)| format!("{c:?} deadline={deadline:?}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    expect_test::expect![[r#"
+        ("True", "NewReplicaSetCreated", "Created new replica set \"web-x\"", 0, 0) deadline=Some(10)
+        ("True", "ReplicaSetUpdated", "ReplicaSet \"web-x\" is progressing.", 3, 0) deadline=Some(13)
+        ("True", "ReplicaSetUpdated", "ReplicaSet \"web-x\" is progressing.", 3, 0) deadline=Some(13)
+        ("False", "ProgressDeadlineExceeded", "ReplicaSet \"web-x\" has timed out progressing.", 14, 14) deadline=None
+        ("False", "ProgressDeadlineExceeded", "ReplicaSet \"web-x\" has timed out progressing.", 14, 14) deadline=None
+        ("True", "NewReplicaSetAvailable", "ReplicaSet \"web-x\" has successfully progressed.", 21, 21) deadline=None"#]]
+    .assert_eq(&text);
+}
+
+#[test]
+fn without_a_deadline_or_while_paused_nothing_times_out() {
+    let stuck = RsState {
+        name: "web-x".into(),
+        replicas: 1,
+        actual: 1,
+        ready: 0,
+        available: 0,
+    };
+    let mut d = deployment(1);
+    d.spec.as_mut().expect("spec").progress_deadline_seconds = Some(i32::MAX);
+    d.status = Some(deployment_status(&d, Some(&stuck), &[], true, at(0)));
+    let later = deployment_status(&d, Some(&stuck), &[], false, at(100_000));
+    // As upstream: with the deadline at MaxInt32 no Progressing condition is kept at all.
+    let types: Vec<String> = later
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| c.type_.clone())
+        .collect();
+    assert_eq!(types, ["Available"]);
+
+    let mut d = deployment(1);
+    d.spec.as_mut().expect("spec").progress_deadline_seconds = Some(5);
+    d.spec.as_mut().expect("spec").paused = Some(true);
+    let paused = deployment_status(&d, Some(&stuck), &[], false, at(100));
+    assert_eq!(
+        summary(&progressing(&paused)).1,
+        "DeploymentPaused".to_owned()
+    );
+    assert_eq!(progress_deadline(&d, Some(&progressing(&paused))), None);
 }
