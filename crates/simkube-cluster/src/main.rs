@@ -151,12 +151,22 @@ enum ClusterCommand {
 }
 
 // No #[tokio::main]: `node --netns` and the daemon must change namespace single-threaded.
-fn main() -> anyhow::Result<()> {
+fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().collect();
     if let Some(code) = simkube_node::cli::builtin_dispatch(&argv) {
         std::process::exit(code);
     }
-    let cli = Cli::parse();
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // The whole chain on one line, without a backtrace: these are user-facing errors.
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Serve(args) => {
             init_tracing(&args.log, args.log_json)?;

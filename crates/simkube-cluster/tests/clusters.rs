@@ -517,3 +517,43 @@ spec:
         || traffic_from(&from, &target),
     );
 }
+
+#[test]
+fn bad_requests_are_refused_before_anything_is_created() {
+    // Validation comes before any privileged step, so this runs without root too.
+    let state = tempfile::tempdir().expect("tempdir");
+    let state_dir = state.path().join("state");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--name", "Bad_Name"], "cluster name \"Bad_Name\""),
+        (&["--name", "ok", "--nodes", "0"], "--nodes 0"),
+        (
+            &["--name", "ok", "--underlay", "sk.x"],
+            "underlay namespace name",
+        ),
+        (
+            &["--name", "ok", "--image", "no-program"],
+            "REFERENCE=PROGRAM",
+        ),
+    ];
+    for (args, expected) in cases {
+        let output = Command::new(SIMKUBE)
+            .args(["cluster", "up", "--kubeconfig-out", "/nonexistent/k"])
+            .args(args)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .output()
+            .expect("simkube runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{args:?} must fail");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+        assert!(!state_dir.exists(), "{args:?} created the state directory");
+    }
+    let output = Command::new(SIMKUBE)
+        .args(["cluster", "down", "--name", "Nope!"])
+        .arg("--state-dir")
+        .arg(&state_dir)
+        .output()
+        .expect("simkube runs");
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("cluster name \"Nope!\""));
+}
