@@ -501,6 +501,59 @@ struct EventKey {
     message: String,
 }
 
+/// The kubelet's per-object event spam filter (client-go's): a bucket of 25 events per
+/// object, refilled at one per five minutes; repeats counted into an existing event use it up
+/// too. Pure: time is passed in.
+#[derive(Debug, Clone, Copy)]
+struct SpamBucket {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl SpamBucket {
+    const BURST: f64 = 25.0;
+    const REFILL: Duration = Duration::from_secs(300);
+
+    fn new(now: std::time::Instant) -> Self {
+        Self {
+            tokens: Self::BURST,
+            at: now,
+        }
+    }
+
+    fn refill(&mut self, now: std::time::Instant) {
+        let gained =
+            now.saturating_duration_since(self.at).as_secs_f64() / Self::REFILL.as_secs_f64();
+        self.tokens = (self.tokens + gained).min(Self::BURST);
+        self.at = now;
+    }
+
+    /// Takes a token if there is one.
+    fn allow(&mut self, now: std::time::Instant) -> bool {
+        self.refill(now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the bucket is full again (and can be forgotten).
+    fn full(&self, now: std::time::Instant) -> bool {
+        let mut copy = *self;
+        copy.refill(now);
+        copy.tokens >= Self::BURST
+    }
+}
+
+/// What the recorder remembers: events to count repeats into, and spam buckets by pod UID.
+#[derive(Debug, Default)]
+struct Memory {
+    seen: HashMap<EventKey, Seen>,
+    buckets: HashMap<String, SpamBucket>,
+}
+
 #[derive(Debug, Clone)]
 struct Seen {
     name: String,
@@ -510,12 +563,14 @@ struct Seen {
 
 /// Records core/v1 Events about pods as the kubelet does (`source.component: kubelet`): an
 /// event repeating the same object, reason and message within ten minutes bumps the count and
-/// `lastTimestamp` of the first one instead of adding another.
+/// `lastTimestamp` of the first one instead of adding another, and a pod gets at most 25
+/// events in a burst, then one per five minutes (client-go's spam filter), so a probe failing
+/// every second costs the API server little.
 #[derive(Clone)]
 pub struct EventRecorder {
     client: Client,
     node: String,
-    seen: Arc<Mutex<HashMap<EventKey, Seen>>>,
+    memory: Arc<Mutex<Memory>>,
 }
 
 impl std::fmt::Debug for EventRecorder {
@@ -541,7 +596,7 @@ impl EventRecorder {
         Self {
             client,
             node: node.to_owned(),
-            seen: Arc::default(),
+            memory: Arc::default(),
         }
     }
 
@@ -568,10 +623,21 @@ impl EventRecorder {
         };
         let now = Timestamp::now();
         let repeat = {
-            let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-            let memory = jiff::SignedDuration::try_from(EVENT_MEMORY).unwrap_or_default();
-            seen.retain(|_, s| s.last + memory > now);
-            seen.get_mut(&key).map(|s| {
+            let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+            let instant = std::time::Instant::now();
+            memory.buckets.retain(|_, b| !b.full(instant));
+            let allowed = memory
+                .buckets
+                .entry(key.uid.clone())
+                .or_insert_with(|| SpamBucket::new(instant))
+                .allow(instant);
+            if !allowed {
+                tracing::debug!(reason, %message, "event dropped by the spam filter");
+                return;
+            }
+            let keep = jiff::SignedDuration::try_from(EVENT_MEMORY).unwrap_or_default();
+            memory.seen.retain(|_, s| s.last + keep > now);
+            memory.seen.get_mut(&key).map(|s| {
                 s.count = s.count.saturating_add(1);
                 s.last = now;
                 s.clone()
@@ -632,8 +698,8 @@ impl EventRecorder {
         };
         match api.create(&PostParams::default(), &event).await {
             Ok(_) => {
-                let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
-                seen.insert(
+                let mut memory = self.memory.lock().unwrap_or_else(|p| p.into_inner());
+                memory.seen.insert(
                     key,
                     Seen {
                         name,
@@ -795,6 +861,21 @@ mod tests {
         assert_eq!(health_status(&[0, 0, 0, 0, 0]), Some(0));
         assert_eq!(health_status(&[0, 0, 0, 0, 3, 0x08]), None);
         assert_eq!(serving_status_name(1), "SERVING");
+    }
+
+    #[test]
+    fn spam_filter_allows_a_burst_then_one_per_five_minutes() {
+        let start = std::time::Instant::now();
+        let mut bucket = SpamBucket::new(start);
+        let burst = (0..30).filter(|_| bucket.allow(start)).count();
+        assert_eq!(burst, 25);
+        let later = start + Duration::from_secs(299);
+        assert!(!bucket.allow(later));
+        let refilled = start + Duration::from_secs(301);
+        assert!(bucket.allow(refilled));
+        assert!(!bucket.allow(refilled));
+        assert!(!bucket.full(refilled + Duration::from_secs(300 * 24)));
+        assert!(bucket.full(refilled + Duration::from_secs(300 * 26)));
     }
 
     #[test]
