@@ -13,17 +13,20 @@
 //!   in the additional section.
 //! - `<a-b-c-d>.<ns>.pod.<domain>`: `A` a.b.c.d, without checking that such a pod exists
 //!   (CoreDNS's `pods insecure`, kubeadm's default).
+//! - `<d.c.b.a>.in-addr.arpa` (and `ip6.arpa`): `PTR` to the name of the Service with that
+//!   ClusterIP, or of the headless Service's ready endpoint with that address.
 //! - The apex has `SOA` and `NS ns.dns.<domain>` (whose address is the `kube-system/kube-dns`
 //!   ClusterIP), and `dns-version.<domain>` has `TXT "1.1.0"`.
 //!
 //! A name inside the zone that does not exist is `NXDOMAIN`; an existing name without records of
 //! the asked type (`AAAA` of an IPv4-only Service) is `NODATA`; both carry the `SOA` so clients
-//! cache the negative answer for the TTL. Names outside the zone are `REFUSED`: the simulated
-//! networks have no upstream resolver to forward to, so a pod's lookup of an outside name fails
-//! at once instead of timing out. Until both watches have listed once, names inside the zone
-//! are `SERVFAIL`, never a premature `NXDOMAIN`. UDP answers larger than the client's EDNS
-//! payload size (512 bytes without EDNS) are truncated with the `TC` bit, and clients retry
-//! over TCP.
+//! cache the negative answer for the TTL. Names outside the zone, and reverse names of addresses
+//! that are neither a ClusterIP nor an endpoint, are `REFUSED`: the simulated networks have no
+//! upstream resolver to forward to, so a pod's lookup of an outside name fails at once instead
+//! of timing out. Until both watches have listed once, names inside the zone are `SERVFAIL`,
+//! never a premature `NXDOMAIN`. UDP answers larger than the client's EDNS payload size (512
+//! bytes without EDNS) lose their additional section, then are truncated with the `TC` bit, and
+//! clients retry over TCP.
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {

@@ -14,6 +14,7 @@
 //! <host>.<svc>.<ns>.svc.<zone>             A/AAAA of that ready endpoint (headless only)
 //! _<port>._<proto>.<svc>.<ns>.svc.<zone>   SRV per named port (per ready endpoint if headless)
 //! <a-b-c-d>.<ns>.pod.<zone>                A a.b.c.d
+//! <d.c.b.a>.in-addr.arpa (and ip6.arpa)    PTR to the Service or endpoint name above
 //! ```
 
 use std::collections::BTreeSet;
@@ -21,7 +22,7 @@ use std::net::IpAddr;
 
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::domain::Label;
-use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, SOA, SRV, TXT};
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use k8s_openapi::api::core::v1::Service;
 
@@ -32,6 +33,13 @@ const SCHEMA_VERSION: &str = "1.1.0";
 
 /// The Service whose ClusterIPs are the zone's name server address (`ns.dns.<zone>`).
 const DNS_SERVICE: (&str, &str) = ("kube-system", "kube-dns");
+
+/// The reverse zones whose names for cluster addresses are answered (as CoreDNS's
+/// `kubernetes cluster.local in-addr.arpa ip6.arpa` does).
+static REVERSE_ZONES: std::sync::LazyLock<[Name; 2]> = std::sync::LazyLock::new(|| {
+    ["in-addr.arpa.", "ip6.arpa."]
+        .map(|z| Name::from_ascii(z).expect("invariant: a valid constant name"))
+});
 
 /// How many CNAMEs (ExternalName Services pointing into the zone) are followed in one answer.
 const MAX_CHAIN: usize = 8;
@@ -154,6 +162,9 @@ impl Zone {
     ) -> Answer {
         let mut qname = qname.clone();
         qname.set_fqdn(true);
+        if REVERSE_ZONES.iter().any(|z| z.zone_of(&qname)) {
+            return self.reverse(view, &qname, qtype);
+        }
         if !self.origin.zone_of(&qname) {
             // No upstream exists on the simulated networks: out-of-zone names are refused
             // rather than forwarded, so a misconfigured client fails fast.
@@ -201,6 +212,45 @@ impl Zone {
         }
         // An ExternalName loop inside the zone.
         Answer::empty(ResponseCode::ServFail, true)
+    }
+
+    /// `PTR` for a ClusterIP (the Service's name) or a ready endpoint of a headless Service
+    /// (the endpoint's name), the names the forward schema answers with that address. Other
+    /// reverse names are refused like any name outside the zone: there is no upstream.
+    fn reverse(&self, view: &ClusterView, qname: &Name, qtype: RecordType) -> Answer {
+        let ip = match qname.to_lowercase().parse_arpa_name() {
+            Ok(net) if net.prefix_len() == net.max_prefix_len() => net.addr(),
+            _ => return Answer::code(ResponseCode::Refused),
+        };
+        let mut targets = BTreeSet::new();
+        for svc in view.services() {
+            let (Some(namespace), Some(service)) = (
+                svc.metadata.namespace.as_deref(),
+                svc.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            if is_headless(&svc) {
+                for endpoint in view.ready_endpoints(namespace, service) {
+                    if endpoint.ip == ip {
+                        targets.extend(self.name(&[&endpoint.label, service, namespace, "svc"]));
+                    }
+                }
+            } else if cluster_ips(&svc).contains(&ip) {
+                targets.extend(self.name(&[service, namespace, "svc"]));
+            }
+        }
+        if targets.is_empty() {
+            return Answer::code(ResponseCode::Refused);
+        }
+        let mut answer = Answer::empty(ResponseCode::NoError, true);
+        if matches!(qtype, RecordType::PTR | RecordType::ANY) {
+            answer.answers = targets
+                .into_iter()
+                .map(|t| Record::from_rdata(qname.clone(), self.ttl, RData::PTR(PTR(t))))
+                .collect();
+        }
+        answer
     }
 
     /// Addresses of the SRV and NS targets in the answer, so clients need no second query.

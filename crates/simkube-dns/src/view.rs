@@ -41,6 +41,11 @@ impl ClusterView {
         self.services.get(&ObjectRef::new(name).within(namespace))
     }
 
+    /// Every Service; reverse lookups scan them, as there is no index by address.
+    pub(crate) fn services(&self) -> Vec<Arc<Service>> {
+        self.services.state()
+    }
+
     pub(crate) fn has_services(&self, namespace: &str) -> bool {
         self.services
             .find(|s| s.metadata.namespace.as_deref() == Some(namespace))

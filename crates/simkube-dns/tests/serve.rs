@@ -230,6 +230,14 @@ async fn kubernetes_service_and_zone_apex() {
 
     let response = dns.ask("cluster.local.", RecordType::NS).await;
     assert_eq!(response.answers()[0].record_type(), RecordType::NS);
+
+    let response = dns.ask("1.0.96.10.in-addr.arpa.", RecordType::PTR).await;
+    let names: Vec<String> = response
+        .answers()
+        .iter()
+        .map(|r| r.data().to_string())
+        .collect();
+    assert_eq!(names, ["kubernetes.default.svc.cluster.local."]);
     dns.stop().await;
 }
 

@@ -358,6 +358,36 @@ fn pods_and_outside_names() {
 }
 
 #[test]
+fn reverse_names() {
+    check(
+        &[
+            ("20.0.96.10.in-addr.arpa.", RecordType::PTR),
+            ("6.2.244.10.in-addr.arpa.", RecordType::PTR),
+            // The ClusterIP of a dual-stack Service, in ip6.arpa.
+            (
+                "0.3.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa.",
+                RecordType::PTR,
+            ),
+            ("20.0.96.10.in-addr.arpa.", RecordType::A),
+            // Not a cluster address, or not an address at all.
+            ("1.1.1.1.in-addr.arpa.", RecordType::PTR),
+            ("96.10.in-addr.arpa.", RecordType::PTR),
+        ],
+        expect![[r#"
+            20.0.96.10.in-addr.arpa. PTR: No Error aa
+              answer     20.0.96.10.in-addr.arpa. 5 IN PTR web.default.svc.cluster.local.
+            6.2.244.10.in-addr.arpa. PTR: No Error aa
+              answer     6.2.244.10.in-addr.arpa. 5 IN PTR db-1.db.default.svc.cluster.local.
+            0.3.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa. PTR: No Error aa
+              answer     0.3.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.d.f.ip6.arpa. 5 IN PTR dual.default.svc.cluster.local.
+            20.0.96.10.in-addr.arpa. A: No Error aa
+            1.1.1.1.in-addr.arpa. PTR: Query Refused
+            96.10.in-addr.arpa. PTR: Query Refused
+        "#]],
+    );
+}
+
+#[test]
 fn rotation_spreads_first_address() {
     let view = cluster();
     let mut firsts = Vec::new();
