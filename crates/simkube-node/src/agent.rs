@@ -525,6 +525,7 @@ async fn run_pod(
         pod.clone(),
         log_dir(&ctx.config.state_dir, pod),
         pod_ip,
+        ctx.node(),
     ));
 
     let spec = pod.spec.clone().unwrap_or_default();

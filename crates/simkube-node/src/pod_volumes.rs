@@ -15,6 +15,7 @@ use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
+use crate::prober::{EventRecorder, EventType};
 use crate::process::Mount;
 use crate::volumes::{self, NodeResources, Plan, Sources, Token, TokenKey};
 use crate::{atomic_writer, env, pod_dns};
@@ -47,9 +48,14 @@ struct IssuedToken {
 
 impl IssuedToken {
     fn fresh(&self) -> bool {
-        let age = self.issued.elapsed();
-        age < self.lifetime.mul_f64(TOKEN_REFRESH_SHARE) && age < TOKEN_MAX_AGE
+        !token_due(self.issued.elapsed(), self.lifetime)
     }
+}
+
+/// Whether a token of `lifetime` issued `age` ago must be renewed: after 80 % of its lifetime
+/// or a day, as the kubelet's token manager decides.
+pub fn token_due(age: Duration, lifetime: Duration) -> bool {
+    age >= lifetime.mul_f64(TOKEN_REFRESH_SHARE) || age >= TOKEN_MAX_AGE
 }
 
 #[derive(Default)]
@@ -68,6 +74,7 @@ pub(crate) struct PodVolumes {
     dir: PathBuf,
     pod_ip: IpAddr,
     state: tokio::sync::Mutex<State>,
+    events: EventRecorder,
 }
 
 /// The directory of a pod's volumes: `<pod dir>/volumes`.
@@ -83,8 +90,10 @@ impl PodVolumes {
         pod: Arc<Pod>,
         pod_dir: PathBuf,
         pod_ip: IpAddr,
+        node: &str,
     ) -> Self {
         Self {
+            events: EventRecorder::new(client.clone(), node),
             client,
             settings,
             pod: Mutex::new(pod),
@@ -124,12 +133,20 @@ impl PodVolumes {
                     )
                 })?;
             if !state.ready.contains_key(&volume.name) {
-                let set_up = self.set_up(&mut state, &pod, volume).await.map_err(|e| {
-                    format!(
-                        "MountVolume.SetUp failed for volume {:?} : {e}",
-                        volume.name
-                    )
-                })?;
+                let set_up = match self.set_up(&mut state, &pod, volume).await {
+                    Ok(set_up) => set_up,
+                    Err(e) => {
+                        let message = format!(
+                            "MountVolume.SetUp failed for volume {:?} : {e}",
+                            volume.name
+                        );
+                        // The kubelet's event; repeats fold into one by the recorder.
+                        self.events
+                            .record(&pod, None, EventType::Warning, "FailedMount", &message)
+                            .await;
+                        return Err(message);
+                    }
+                };
                 state.ready.insert(volume.name.clone(), set_up);
             }
             let (plan, root) = &state.ready[&volume.name];
@@ -479,5 +496,42 @@ fn check_host_path(path: &Path, kind: &str) -> Result<(), String> {
             std::fs::create_dir_all(path).map_err(|e| format!("cannot create {shown}: {e}"))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_renew_at_80_percent_or_a_day() {
+        let hour = Duration::from_secs(3600);
+        assert!(!token_due(Duration::ZERO, hour));
+        assert!(!token_due(Duration::from_secs(2879), hour));
+        assert!(token_due(Duration::from_secs(2880), hour));
+        let week = hour * 24 * 7;
+        assert!(!token_due(hour * 23, week));
+        assert!(token_due(hour * 24, week));
+    }
+
+    #[test]
+    fn host_path_types_are_checked_and_created() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("d");
+        assert!(check_host_path(&dir, "Directory").is_err());
+        check_host_path(&dir, "DirectoryOrCreate").expect("created");
+        assert!(dir.is_dir());
+        let file = tmp.path().join("sub/f");
+        check_host_path(&file, "FileOrCreate").expect("created");
+        assert!(file.is_file());
+        assert_eq!(
+            check_host_path(&dir, "File").expect_err("a directory"),
+            format!(
+                "hostPath type check failed: {} is not a file",
+                dir.display()
+            )
+        );
+        assert!(check_host_path(&file, "Socket").is_err());
+        check_host_path(&file, "").expect("no check");
     }
 }

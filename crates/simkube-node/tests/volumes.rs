@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -314,6 +314,21 @@ fn configmap_updates_reach_mounted_files_and_missing_ones_hold_the_container() {
             message,
             "MountVolume.SetUp failed for volume \"live\" : configmap \"late\" not found"
         );
+        let events: Api<Event> = Api::namespaced(client.clone(), "default");
+        let failed_mount = events
+            .list(&Default::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FailedMount"))
+            .expect("a FailedMount event");
+        assert_eq!(failed_mount.type_.as_deref(), Some("Warning"));
+        assert_eq!(
+            failed_mount.involved_object.name.as_deref(),
+            Some("watcher")
+        );
+        assert_eq!(failed_mount.message.as_deref(), Some(message.as_str()));
         create_config_map(&client, "late", json!({"key": "first"})).await;
         wait_log(&pods, "watcher", &["value=first"]).await;
         let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
