@@ -3,11 +3,13 @@
 //! its own network namespace with a veth to the node and an address from the node's pod CIDR.
 //!
 //! Pure decisions live in their own modules ([`ipam`], [`backoff`], [`images`], [`env`],
-//! [`node_status`], [`pod_status`], [`probes`]); the IO is in [`agent`] (life cycle, one worker
-//! per pod, one supervisor per container), [`sandbox`] (namespaces, veths, routes), [`process`]
-//! (container processes), [`prober`] (probe attempts and the kubelet's events) and [`kubelet`]
-//! (the HTTPS endpoint for `kubectl logs`). [`builtin`] holds the built-in workloads that the
-//! node binary runs as `__builtin <name>`.
+//! [`node_status`], [`pod_status`], [`probes`], [`volumes`], [`pod_dns`]); the IO is in
+//! [`agent`] (life cycle, one worker per pod, one supervisor per container), [`sandbox`]
+//! (namespaces, veths, routes), [`process`] (container processes, each in its own mount
+//! namespace with the pod's volumes, resolv.conf and hosts bound in), [`pod_volumes`] and
+//! [`atomic_writer`] (volume contents, kept current), [`prober`] (probe attempts and the
+//! kubelet's events) and [`kubelet`] (the HTTPS endpoint for `kubectl logs`). [`builtin`] holds
+//! the built-in workloads that the node binary runs as `__builtin <name>`.
 //!
 //! The namespace the agent runs in *is* the node: run it inside a node's network namespace
 //! (`--netns`, or from a thread that entered one) and the pods hang off that namespace.
