@@ -27,6 +27,7 @@ use crate::error::Error;
 use crate::images::ImageTable;
 use crate::ipam::PodIpAllocator;
 use crate::kubelet::{self, LiveLogs};
+use crate::metrics::{Metrics, RestartReason};
 use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
 use crate::pod_volumes::{self, PodVolumes, VolumeSettings};
@@ -121,6 +122,7 @@ struct Ctx {
     ipam: Mutex<PodIpAllocator>,
     live_logs: LiveLogs,
     containers: Containers,
+    metrics: Metrics,
 }
 
 impl Ctx {
@@ -176,6 +178,7 @@ impl Agent {
                 ipam: Mutex::new(ipam),
                 live_logs: LiveLogs::default(),
                 containers: Containers::default(),
+                metrics: Metrics::default(),
             }),
         })
     }
@@ -213,7 +216,16 @@ impl Agent {
                     })?;
                 let tls = kubelet::tls_config(ctx.node(), addr.ip())
                     .map_err(|e| Error::Config(e.to_string()))?;
-                let router = kubelet::router(ctx.config.state_dir.clone(), ctx.live_logs.clone());
+                // Every part of the agent with metrics registers them here, for `/metrics`.
+                let mut registry = prometheus_client::registry::Registry::default();
+                ctx.metrics.register(&mut registry);
+                let router = kubelet::router(kubelet::Endpoint {
+                    state_dir: ctx.config.state_dir.clone(),
+                    live: ctx.live_logs.clone(),
+                    containers: ctx.containers.clone(),
+                    metrics: ctx.metrics.clone(),
+                    registry: Arc::new(registry),
+                });
                 Some(tokio::spawn(kubelet::serve(
                     listener,
                     router,
@@ -441,6 +453,7 @@ async fn pod_worker(
             end = async { loop { if let Some(end) = next_msg(&mut rx).await { break end } } } => end,
         }
     } else {
+        let _running = ctx.metrics.pod_running();
         run_pod(&ctx, &uid, &pod, &names, &mut rx, &mut reporter, &shutdown).await
     };
     if let Err(error) = pod_volumes::remove(&log_dir(&ctx.config.state_dir, &pod)) {
@@ -623,10 +636,15 @@ async fn create_sandbox(
             .unwrap_or_else(|p| p.into_inner())
             .allocate(uid);
         let attempt = match allocated {
-            Ok(ip) => sandbox::create(names, ip, ctx.gateway())
-                .await
-                .map(|()| ip)
-                .map_err(|e| e.to_string()),
+            Ok(ip) => {
+                let started = Instant::now();
+                let created = sandbox::create(names, ip, ctx.gateway()).await;
+                if created.is_ok() {
+                    let seconds = started.elapsed().as_secs_f64();
+                    ctx.metrics.sandbox_setup_seconds.observe(seconds);
+                }
+                created.map(|()| ip).map_err(|e| e.to_string())
+            }
             Err(e) => Err(e.to_string()),
         };
         match attempt {
@@ -943,6 +961,7 @@ async fn supervise(s: Supervisor) {
         let exit = match spawned {
             Ok(mut process) => {
                 tracing::info!(container = %key, pid = process.pid(), "container started");
+                let _running = s.ctx.metrics.container_running();
                 let registered = ContainerKey::new(
                     s.pod.metadata.namespace.as_deref().unwrap_or_default(),
                     s.pod.metadata.name.as_deref().unwrap_or_default(),
@@ -1063,6 +1082,11 @@ async fn supervise(s: Supervisor) {
         if s.pause(delay).await {
             return;
         }
+        s.ctx.metrics.restarted(match reason {
+            "Completed" => RestartReason::Completed,
+            "Error" => RestartReason::Error,
+            _ => RestartReason::StartError,
+        });
         record.restart_count += 1;
     }
 }

@@ -222,7 +222,9 @@ async fn copy(
     while pipes.iter().any(Option::is_some) {
         let [a, b] = &mut pipes;
         let [buf_a, buf_b] = &mut bufs;
+        // Stdout first when both have data: what one process wrote in order stays in order.
         let (index, read) = tokio::select! {
+            biased;
             n = async { a.as_mut().expect("guarded").read(buf_a).await }, if a.is_some() => (0, n),
             n = async { b.as_mut().expect("guarded").read(buf_b).await }, if b.is_some() => (1, n),
         };

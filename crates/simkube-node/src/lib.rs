@@ -49,6 +49,7 @@ mod error;
 pub mod images;
 pub mod ipam;
 pub mod kubelet;
+pub mod metrics;
 pub mod node_status;
 pub mod pod_dns;
 pub mod pod_status;

@@ -47,6 +47,12 @@ impl Fixture {
         }
     }
 
+    /// The cluster's admin kubeconfig while [`Fixture::run`] runs, for kubectl started from the
+    /// body (a child process inherits the node namespace of the thread that starts it).
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.state.path().join("kubeconfig")
+    }
+
     pub(crate) fn config(&self, backoff: Backoff) -> AgentConfig {
         let identity = NodeIdentity {
             name: self.node.clone(),
@@ -91,12 +97,16 @@ impl Fixture {
         let mut config = self.config(backoff);
         adjust(&mut config);
         let node = self.node.clone();
+        let kubeconfig = self.kubeconfig();
         self.netns.run_async(|| async move {
             let cluster = cluster(simkube::Cluster::builder())
                 .start()
                 .await
                 .expect("cluster");
             let client = cluster.client();
+            cluster
+                .write_kubeconfig(&kubeconfig)
+                .expect("write kubeconfig");
             let agent = Agent::new(client.clone(), config).expect("agent");
             let shutdown = CancellationToken::new();
             let handle = tokio::spawn(agent.run(shutdown.clone()));
