@@ -118,6 +118,58 @@ impl Fixture {
     }
 }
 
+/// The agent of [`Fixture::run_stoppable`]: the body may stop it while the cluster runs on.
+pub(crate) struct AgentControl {
+    shutdown: CancellationToken,
+    handle: Option<tokio::task::JoinHandle<Result<(), simkube_node::Error>>>,
+}
+
+impl AgentControl {
+    /// Stops the agent as a stopped kubelet (its containers and sandboxes go, the pods stay in
+    /// the API and its Lease is no longer renewed) and waits until it has finished.
+    pub(crate) async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(handle) = self.handle.take() {
+            handle.await.expect("agent task").expect("agent ran");
+        }
+    }
+}
+
+impl Fixture {
+    /// [`Fixture::run_with`] whose body also gets the agent's [`AgentControl`].
+    pub(crate) fn run_stoppable<F, Fut>(
+        &self,
+        backoff: Backoff,
+        cluster: impl FnOnce(simkube::ClusterBuilder) -> simkube::ClusterBuilder + Send,
+        adjust: impl FnOnce(&mut AgentConfig),
+        body: F,
+    ) where
+        F: FnOnce(kube::Client, String, AgentControl) -> Fut + Send,
+        Fut: std::future::Future<Output = AgentControl>,
+    {
+        let mut config = self.config(backoff);
+        adjust(&mut config);
+        let node = self.node.clone();
+        self.netns.run_async(|| async move {
+            let cluster = cluster(simkube::Cluster::builder())
+                .start()
+                .await
+                .expect("cluster");
+            let client = cluster.client();
+            let agent = Agent::new(client.clone(), config).expect("agent");
+            let shutdown = CancellationToken::new();
+            let handle = tokio::spawn(agent.run(shutdown.clone()));
+            let control = AgentControl {
+                shutdown,
+                handle: Some(handle),
+            };
+            let mut control = body(client, node, control).await;
+            control.stop().await;
+            cluster.shutdown().await;
+        });
+    }
+}
+
 impl Drop for Fixture {
     fn drop(&mut self) {
         for (netns, _) in sandbox::list(&self.prefix) {
