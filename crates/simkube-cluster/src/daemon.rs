@@ -91,6 +91,7 @@ async fn serve(
         .extra_listener(host)
         .controllers(simkube::controllers::Controllers::all())
         .load_balancer_pool(plan.lb_pool())
+        .node_monitor_grace_period(Duration::from_secs(record.node_grace_seconds))
         .start()
         .await?;
     tracing::info!(cluster = %record.name, api = %api_addr, host_port, "API server listening");
@@ -316,6 +317,8 @@ impl Supervisor {
             .arg(plan.pod_cidr.to_string())
             .arg("--service-cidr")
             .arg(self.record.service_cidr.to_string())
+            .arg("--lease-duration")
+            .arg(self.record.node_grace_seconds.to_string())
             .arg("--exit-with-parent")
             .arg(std::process::id().to_string());
         for (image, program) in &self.record.images {

@@ -102,6 +102,10 @@ enum ClusterCommand {
         /// How long to wait for every node to be Ready, in seconds.
         #[arg(long, default_value_t = 120)]
         timeout: u64,
+        /// Seconds a node may miss heartbeats before it turns NotReady (the node monitor grace
+        /// period; the agents' Lease duration follows it).
+        #[arg(long, default_value_t = simkube_cluster::state::DEFAULT_NODE_GRACE_SECONDS)]
+        node_grace_period: u64,
     },
     /// Remove a cluster: daemon, agents, pods, namespaces, bridge, state.
     Down {
@@ -218,6 +222,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             service_cidr,
             images,
             timeout,
+            node_grace_period,
         } => {
             let exe = std::env::current_exe().context("locating the simkube executable")?;
             let options = ops::UpOptions {
@@ -230,6 +235,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 service_cidr,
                 images,
                 timeout: Duration::from_secs(timeout),
+                node_grace_seconds: node_grace_period,
                 exe,
             };
             let summary = ops::up(&options, &mut |l| progress(l))

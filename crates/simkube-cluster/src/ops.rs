@@ -40,6 +40,8 @@ pub struct UpOptions {
     pub images: Vec<(String, PathBuf)>,
     /// How long to wait for every node to be Ready.
     pub timeout: Duration,
+    /// Node monitor grace period (and the agents' Lease duration), in seconds.
+    pub node_grace_seconds: u64,
     /// The `simkube` executable (runs the daemon and the agents).
     pub exe: PathBuf,
 }
@@ -73,6 +75,12 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
     topology::validate_name(&options.name)?;
     topology::validate_underlay(&options.underlay)?;
     topology::validate_nodes(options.nodes)?;
+    if !(4..=3600).contains(&options.node_grace_seconds) {
+        return Err(Error::Invalid(format!(
+            "--node-grace-period {}: between 4 and 3600 seconds",
+            options.node_grace_seconds
+        )));
+    }
     if options.service_cidr.prefix_len() > 24 {
         return Err(Error::Invalid(format!(
             "--service-cidr {}: too small (at most a /24)",
@@ -106,6 +114,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
         service_cidr: options.service_cidr,
         images,
         daemon_pid: None,
+        node_grace_seconds: options.node_grace_seconds,
         created: jiff::Timestamp::now().to_string(),
     };
     // The record goes first: whatever happens next, `down` knows what to remove.

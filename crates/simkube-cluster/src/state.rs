@@ -45,6 +45,9 @@ pub struct ClusterRecord {
     pub images: Vec<(String, PathBuf)>,
     /// The daemon's PID once started.
     pub daemon_pid: Option<u32>,
+    /// How long a node's Lease may go unrenewed before it turns NotReady (seconds).
+    #[serde(default = "default_grace")]
+    pub node_grace_seconds: u64,
     /// When the cluster was created (RFC 3339).
     pub created: String,
 }
@@ -57,6 +60,13 @@ impl ClusterRecord {
         plan
     }
 }
+
+fn default_grace() -> u64 {
+    DEFAULT_NODE_GRACE_SECONDS
+}
+
+/// The node monitor grace period of kube-controller-manager, and the kubelet's Lease duration.
+pub const DEFAULT_NODE_GRACE_SECONDS: u64 = 40;
 
 /// What the daemon reports once the API server serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -269,6 +279,7 @@ mod tests {
             service_cidr: "10.96.0.0/12".parse().expect("cidr"),
             images: vec![("ghcr.io/x/y".into(), "/bin/y".into())],
             daemon_pid: Some(42),
+            node_grace_seconds: 40,
             created: "2026-01-01T00:00:00Z".into(),
         }
     }

@@ -54,12 +54,18 @@ impl Env {
 
     /// `cluster up`; returns the kubeconfig path.
     fn up(&mut self, name: &str, nodes: u8) -> PathBuf {
+        self.up_with(name, nodes, &[])
+    }
+
+    fn up_with(&mut self, name: &str, nodes: u8, extra: &[&str]) -> PathBuf {
         let kubeconfig = self.state_dir().join(format!("{name}.kubeconfig"));
         if !self.clusters.iter().any(|c| c == name) {
             self.clusters.push(name.to_owned());
         }
         let nodes = nodes.to_string();
-        let output = self.simkube(&[
+        let underlay = self.underlay.clone();
+        let timeout = patience(Duration::from_secs(90)).as_secs().to_string();
+        let mut args = vec![
             "cluster",
             "up",
             "--name",
@@ -67,12 +73,14 @@ impl Env {
             "--nodes",
             &nodes,
             "--underlay",
-            &self.underlay.clone(),
+            &underlay,
             "--kubeconfig-out",
             kubeconfig.to_str().expect("utf-8 path"),
             "--timeout",
-            &patience(Duration::from_secs(90)).as_secs().to_string(),
-        ]);
+            &timeout,
+        ];
+        args.extend_from_slice(extra);
+        let output = self.simkube(&args);
         assert!(
             output.status.success(),
             "cluster up {name} failed:\nstdout: {}\nstderr: {}",
@@ -196,7 +204,7 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
         return;
     };
     let name = env.name("life");
-    let kubeconfig = env.up(&name, 2);
+    let kubeconfig = env.up_with(&name, 2, &["--node-grace-period", "6"]);
     let mut nodes = ready_nodes(&kubeconfig);
     nodes.sort();
     assert_eq!(
@@ -249,7 +257,22 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(!pid_alive(stopped), "stop-node waits for the agent to exit");
-    std::thread::sleep(Duration::from_secs(3));
+    // Its Node turns NotReady once the grace period (6 s here) passes without a heartbeat.
+    let stopped_at = Instant::now();
+    eventually(
+        "the stopped node turns NotReady",
+        Duration::from_secs(20),
+        || {
+            let ready = ready_nodes(&kubeconfig);
+            (!ready.contains(&node2))
+                .then_some(())
+                .ok_or(format!("{ready:?}"))
+        },
+    );
+    assert!(
+        stopped_at.elapsed() >= Duration::from_secs(4),
+        "NotReady only after the grace period, not at once"
+    );
     assert_eq!(
         env.agent_pid(&name, 2),
         None,
@@ -263,6 +286,17 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
     );
     let started = env.agent_pid(&name, 2).expect("agent 2 runs again");
     assert!(pid_alive(started));
+    eventually(
+        "the restarted node is Ready again",
+        Duration::from_secs(20),
+        || {
+            let ready = ready_nodes(&kubeconfig);
+            ready
+                .contains(&node2)
+                .then_some(())
+                .ok_or(format!("{ready:?}"))
+        },
+    );
 
     let daemon = record.daemon_pid.expect("daemon recorded");
     let out = env.down(&name);

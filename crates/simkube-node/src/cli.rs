@@ -95,6 +95,11 @@ pub struct NodeArgs {
     /// dropped at the node).
     #[arg(long, requires = "cluster_cidr")]
     pub service_cidr: Option<ipnet::Ipv4Net>,
+    /// Duration of the node's heartbeat Lease in seconds; it is renewed every quarter of it
+    /// (the kubelet's 40 s and 10 s by default). Keep it at most the control plane's node
+    /// monitor grace period.
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(4..=3600))]
+    pub lease_duration: u64,
     /// First restart back-off in milliseconds (doubles per crash).
     #[arg(long, default_value_t = 10_000)]
     pub backoff_initial_ms: u64,
@@ -246,6 +251,8 @@ pub fn agent_config(
         proxy.service_cidr = args.service_cidr;
         proxy
     });
+    config.lease_duration = Duration::from_secs(args.lease_duration);
+    config.lease_renew = config.lease_duration / 4;
     config.backoff.initial = Duration::from_millis(args.backoff_initial_ms);
     config.backoff.max = Duration::from_millis(args.backoff_max_ms);
     Ok(config)
@@ -335,6 +342,8 @@ mod tests {
             "10.244.0.0/16",
             "--service-cidr",
             "10.96.0.0/12",
+            "--lease-duration",
+            "8",
         ])
         .expect("valid flags");
         let config = agent_config(&args, "/opt/simkube".into(), 6443).expect("valid config");
@@ -350,6 +359,7 @@ mod tests {
         assert_eq!(config.pod_api_port, 443);
         assert_eq!(config.cluster_dns, vec![IpAddr::from([10, 96, 0, 10])]);
         assert_eq!(config.cluster_domain, "cluster.local");
+        assert_eq!(config.lease_renew, Duration::from_secs(2));
         let proxy = config.proxy.expect("--cluster-cidr turns the proxy on");
         assert_eq!(proxy.cluster_cidr.to_string(), "10.244.0.0/16");
         assert_eq!(
