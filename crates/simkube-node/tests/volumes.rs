@@ -285,15 +285,22 @@ fn configmap_updates_reach_mounted_files_and_missing_ones_hold_the_container() {
     }
     let fixture = Fixture::new("skn-vol-update");
     let dir = temp_mount(&fixture, "live");
+    let info = temp_mount(&fixture, "info");
     run(&fixture, |client, node| async move {
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        let script = format!("while true; do echo value=$(cat {dir}/key); sleep 0.2; done");
+        let script = format!(
+            "while true; do echo value=$(cat {dir}/key) tier=$(cat {info}/tier); sleep 0.2; done"
+        );
         let pod = shell_pod(
             "watcher",
             &node,
             &script,
-            json!([{"name": "live", "configMap": {"name": "late"}}]),
-            json!([{"name": "live", "mountPath": dir}]),
+            json!([
+                {"name": "live", "configMap": {"name": "late"}},
+                {"name": "info", "downwardAPI": {"items": [
+                    {"path": "tier", "fieldRef": {"fieldPath": "metadata.labels['tier']"}}]}}
+            ]),
+            json!([{"name": "live", "mountPath": dir}, {"name": "info", "mountPath": info}]),
         );
         pods.create(&PostParams::default(), &pod)
             .await
@@ -339,7 +346,16 @@ fn configmap_updates_reach_mounted_files_and_missing_ones_hold_the_container() {
         )
         .await
         .expect("update configmap");
-        wait_log(&pods, "watcher", &["value=first", "value=second"]).await;
+        wait_log(&pods, "watcher", &["value=first", "value=second tier=test"]).await;
+        // A label change reaches the downward-API file the same way.
+        pods.patch(
+            "watcher",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "prod"}}})),
+        )
+        .await
+        .expect("relabel pod");
+        wait_log(&pods, "watcher", &["value=second tier=prod"]).await;
     });
 }
 
