@@ -1,8 +1,8 @@
 //! The cluster controllers around a real node agent (root; skipped with a printed reason only
-//! when not root and CI is unset): taints keep pods Pending until they tolerate them, a stopped
-//! agent's Node turns Unknown within the grace period and its pods lose readiness, and deleting
-//! a namespace stops its pods' processes, removes their network namespaces and then the
-//! namespace itself.
+//! when not root and CI is unset): taints keep pods Pending until they tolerate them, a
+//! NoExecute taint evicts the running pods that do not tolerate it, a stopped agent's Node turns
+//! Unknown within the grace period and its pods lose readiness, and deleting a namespace stops
+//! its pods' processes, removes their network namespaces and then the namespace itself.
 
 use std::time::{Duration, Instant};
 
@@ -476,6 +476,117 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
             until("the bystander to go", Duration::from_secs(20), || async {
                 others
                     .get_opt("bystander")
+                    .await
+                    .expect("get")
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+        },
+    );
+}
+
+#[test]
+fn a_no_execute_taint_evicts_running_pods_that_do_not_tolerate_it() {
+    if !require_root_or_skip() {
+        return;
+    }
+    let fixture = Fixture::new("skn-noexec");
+    let prefix = fixture.prefix.clone();
+    fixture.run_with(
+        fast_backoff(),
+        |builder| {
+            builder.controllers(Controllers {
+                scheduler: true,
+                taint_eviction: true,
+                ..Controllers::none()
+            })
+        },
+        |_| {},
+        |client, node| async move {
+            wait_node_ready(&client, &node).await;
+            let pods: Api<Pod> = Api::default_namespaced(client.clone());
+            pods.create(&PostParams::default(), &unbound_sleeper("web", json!([])))
+                .await
+                .expect("create");
+            pods.create(
+                &PostParams::default(),
+                &unbound_sleeper(
+                    "guard",
+                    json!([{"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]),
+                ),
+            )
+            .await
+            .expect("create");
+            let mut sandboxes = Vec::new();
+            for name in ["web", "guard"] {
+                let running = wait_pod(&pods, name, Duration::from_secs(20), "Running", |p| {
+                    phase(p) == Some("Running")
+                })
+                .await;
+                let netns = sandbox::names(&prefix, &running.metadata.uid.expect("uid")).netns;
+                let processes = processes_in(&netns);
+                assert!(!processes.is_empty(), "no process runs in {netns}");
+                sandboxes.push((netns, processes));
+            }
+
+            let nodes: Api<Node> = Api::all(client.clone());
+            let taint = json!({"spec": {"taints": [
+                {"key": "dedicated", "value": "db", "effect": "NoExecute"}]}});
+            let tainted = Instant::now();
+            nodes
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
+                .await
+                .expect("taint the node");
+            // The taint manager deletes `web`; the agent stops it and finishes the deletion.
+            until(
+                "web to be evicted and gone",
+                Duration::from_secs(20),
+                || async {
+                    pods.get_opt("web")
+                        .await
+                        .expect("get")
+                        .is_none()
+                        .then_some(())
+                },
+            )
+            .await;
+            eprintln!(
+                "web evicted and stopped {:?} after the NoExecute taint",
+                tainted.elapsed()
+            );
+            let (web_netns, web_processes) = &sandboxes[0];
+            assert!(!netns_exists(web_netns), "{web_netns} is left behind");
+            assert_eq!(still_running(web_processes), Vec::<u32>::new());
+            let events: Api<Event> = Api::default_namespaced(client.clone());
+            let marked = events
+                .list(&ListParams::default())
+                .await
+                .expect("events")
+                .items
+                .into_iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("TaintManagerEviction")
+                        && e.message.as_deref() == Some("Marking for deletion Pod default/web")
+                });
+            assert!(marked, "no TaintManagerEviction event for web");
+
+            // `guard` tolerates the taint for ever and keeps running.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let guard = pods.get("guard").await.expect("guard");
+            assert!(guard.metadata.deletion_timestamp.is_none());
+            assert_eq!(phase(&guard), Some("Running"));
+            let (guard_netns, guard_processes) = &sandboxes[1];
+            assert_eq!(
+                still_running(guard_processes).len(),
+                guard_processes.len(),
+                "{guard_netns} lost processes"
+            );
+            pods.delete("guard", &DeleteParams::default())
+                .await
+                .expect("delete guard");
+            until("guard to go", Duration::from_secs(20), || async {
+                pods.get_opt("guard")
                     .await
                     .expect("get")
                     .is_none()
