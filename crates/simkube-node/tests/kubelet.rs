@@ -533,6 +533,65 @@ fn kube_rs_exec_attach_and_metrics() {
                 .and_then(|v| v.parse::<u64>().ok())
                 .expect("containers started");
             assert!(started >= 2, "{metrics}");
+
+            // The endpoint's own answers for what cannot be served.
+            let refusal = |path: &'static str| {
+                let kubelet = kubelet.clone();
+                async move {
+                    match kubelet.request_text(get(path)).await {
+                        Err(kube::Error::Api(status)) => (status.code, status.message),
+                        other => panic!("{path}: expected an error, got {other:?}"),
+                    }
+                }
+            };
+            for (path, code, says) in [
+                (
+                    "/exec/default/poker/main?command=true&output=1",
+                    400,
+                    "container \"main\" in pod \"poker\" is not running",
+                ),
+                (
+                    "/exec/default/nosuch/main?command=true&output=1",
+                    404,
+                    "pod default/nosuch does not exist on this node",
+                ),
+                (
+                    "/exec/default/shell/main?command=true&output=1",
+                    400,
+                    "exec is served as a WebSocket upgrade",
+                ),
+                (
+                    "/exec/default/shell/main?command=true",
+                    400,
+                    "you must specify at least 1 of stdin, stdout, stderr",
+                ),
+                (
+                    "/containerLogs/default/shell/main?sinceTime=yesterday",
+                    400,
+                    "invalid sinceTime \"yesterday\"",
+                ),
+            ] {
+                let (got, message) = refusal(path).await;
+                assert_eq!(got, code, "{path}: {message}");
+                assert!(message.contains(says), "{path}: {message}");
+            }
+
+            // A command still running when its container stops dies with it (SIGKILL: 137).
+            let mut process = api
+                .exec("shell", ["sleep", "1000"], &AttachParams::default())
+                .await
+                .expect("exec");
+            let status = process.take_status().expect("status");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            api.delete("shell", &Default::default())
+                .await
+                .expect("delete");
+            let status = tokio::time::timeout(patience(Duration::from_secs(15)), status)
+                .await
+                .expect("exec ends with its container")
+                .expect("a status");
+            let causes = status.details.and_then(|d| d.causes).unwrap_or_default();
+            assert_eq!(causes[0].message.as_deref(), Some("137"), "{causes:?}");
         },
     );
 }
