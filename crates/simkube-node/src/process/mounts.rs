@@ -164,3 +164,78 @@ impl Prepared {
         self.mounts.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(source: &Path, target: &str) -> Mount {
+        Mount {
+            source: source.to_owned(),
+            target: PathBuf::from(target),
+            read_only: false,
+        }
+    }
+
+    #[test]
+    fn prepares_nested_mounts_outermost_first_with_their_steps() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let file = tmp.path().join("resolv");
+        std::fs::write(&file, "nameserver 10.96.0.10\n").expect("file");
+        let mounts = [
+            mount(tmp.path(), "/data/inner/deeper"),
+            mount(&file, "/etc/resolv.conf"),
+            mount(tmp.path(), "/data"),
+        ];
+        let prepared = Prepared::new(&mounts, Path::new("/data")).expect("prepared");
+        let shown: Vec<String> = prepared
+            .mounts
+            .iter()
+            .map(|m| {
+                let steps: Vec<String> = m
+                    .steps
+                    .iter()
+                    .map(|s| {
+                        format!(
+                            "{}{}",
+                            s.path.to_string_lossy(),
+                            if s.file { "(file)" } else { "" }
+                        )
+                    })
+                    .collect();
+                format!("{} <- {}", m.target.to_string_lossy(), steps.join(" "))
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "/data <- /data",
+                "/etc/resolv.conf <- /etc /etc/resolv.conf(file)",
+                "/data/inner/deeper <- /data /data/inner /data/inner/deeper",
+            ]
+        );
+    }
+
+    #[test]
+    fn rejects_relative_or_escaping_targets_and_missing_sources() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        for target in ["relative/path", "/a/../etc"] {
+            let err = Prepared::new(&[mount(tmp.path(), target)], Path::new("/"))
+                .err()
+                .expect("rejected");
+            assert_eq!(
+                err.to_string(),
+                format!("mount path {target} must be absolute and may not contain '..'")
+            );
+        }
+        let missing = tmp.path().join("gone");
+        let err = Prepared::new(&[mount(&missing, "/x")], Path::new("/"))
+            .err()
+            .expect("rejected");
+        assert!(
+            err.to_string()
+                .starts_with(&format!("mount source {}:", missing.display())),
+            "{err}"
+        );
+    }
+}
