@@ -1,6 +1,8 @@
 //! Container processes: started inside the pod's network namespace, in their own session (so a
-//! stop reaches the container's whole process group), with output appended to a log file, and
-//! killed by the kernel if the agent thread that started them dies.
+//! stop reaches the container's whole process group), with output copied line by line into a
+//! CRI-format log file ([`crate::container_log`]), and killed by the kernel if the agent thread
+//! that started them dies. [`spawn_in_container`] starts further processes inside a running
+//! container (exec sessions, exec probes).
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -33,7 +35,7 @@ pub struct Launch<'a> {
     pub working_dir: &'a Path,
     /// The pod's network namespace file.
     pub netns: &'a Path,
-    /// Where stdout and stderr go (appended).
+    /// The log file stdout and stderr go to (appended, as CRI log entries).
     pub log: &'a Path,
     /// Bind mounts (volumes, resolv.conf, hosts). When there are any, the container gets its
     /// own mount namespace (the one `/proc/<pid>/ns/mnt` names), private to it.
