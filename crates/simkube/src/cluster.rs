@@ -325,12 +325,14 @@ impl ClusterBuilder {
             None => None,
         };
         for listener in &self.extra_listeners {
-            listener.set_nonblocking(true).map_err(|source| Error::Bind {
-                addr: listener
-                    .local_addr()
-                    .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
-                source,
-            })?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|source| Error::Bind {
+                    addr: listener
+                        .local_addr()
+                        .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0))),
+                    source,
+                })?;
         }
         let scheme = if self.tls { "https" } else { "http" };
         let host = if addr.ip().is_unspecified() {
@@ -547,6 +549,18 @@ fn reconcile_kubernetes_service(state: &ServerState, advertise: SocketAddr) {
             match txn.get(&key, "default", "kubernetes") {
                 None => {
                     let mut obj = want;
+                    // Recreating the Service needs its address back; like the real bootstrap
+                    // controller, wait (and retry) while another Service holds it.
+                    let ip = &obj["spec"]["clusterIP"];
+                    if plural == "services"
+                        && txn
+                            .list(&key, None)
+                            .iter()
+                            .any(|s| &s["spec"]["clusterIP"] == ip)
+                    {
+                        tracing::warn!(%ip, "the kubernetes Service's address is taken");
+                        continue;
+                    }
                     if strategy::prepare_create(rt, &mut obj).is_ok() {
                         txn.put(&key, obj);
                     }
