@@ -219,6 +219,9 @@ impl Agent {
                 // Every part of the agent with metrics registers them here, for `/metrics`.
                 let mut registry = prometheus_client::registry::Registry::default();
                 ctx.metrics.register(&mut registry);
+                if let Some(proxy) = &ctx.config.proxy {
+                    proxy.stats.register(&mut registry);
+                }
                 let router = kubelet::router(kubelet::Endpoint {
                     state_dir: ctx.config.state_dir.clone(),
                     live: ctx.live_logs.clone(),
