@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use crate::Error;
-use crate::topology::{NETNS_PREFIX, NodePlan, Plan};
+use crate::topology::{NodePlan, Plan};
 
 /// Where `ip netns` keeps named namespaces.
 pub const NETNS_DIR: &str = "/run/netns";
@@ -208,17 +208,4 @@ pub fn remove_underlay_if_unused(underlay: &str) -> Result<bool, Error> {
     }
     delete_netns(underlay)?;
     Ok(true)
-}
-
-/// Namespaces that belong to no cluster in `known` yet carry the simulation's prefix: for
-/// `cluster list` to point out leftovers.
-pub fn orphan_namespaces(known: &[String]) -> Vec<String> {
-    netns_with_prefix(NETNS_PREFIX)
-        .into_iter()
-        .filter(|ns| {
-            !known
-                .iter()
-                .any(|name| ns.starts_with(&crate::topology::cluster_netns_prefix(name)))
-        })
-        .collect()
 }

@@ -123,13 +123,20 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
     drop(lock);
     let outcome = started.and_then(|child| wait_ready(&state, &record, child, options, progress));
     match outcome {
-        Ok(summary) => Ok(summary),
+        Ok(summary) => {
+            let _ = std::fs::remove_dir_all(state.root().join(format!("{}.failed", options.name)));
+            Ok(summary)
+        }
         Err(error) => {
             progress(&format!("bringing {} up failed; removing it", options.name));
+            let kept = keep_logs(&state, &options.name);
             if let Err(e) = down(&options.state_dir, &options.name, &mut |_| {}) {
                 progress(&format!("cleanup after the failure also failed: {e}"));
             }
-            Err(error)
+            Err(match (error, kept) {
+                (Error::NotReady { message, .. }, Some(logs)) => Error::NotReady { message, logs },
+                (error, _) => error,
+            })
         }
     }
 }
@@ -148,12 +155,12 @@ fn create_and_start(
     }
     net::route_lb_pool(&record.underlay, &plan)?;
     progress(&format!(
-        "network created: underlay {}, bridge {} {}, {} node namespaces ({}n1..)",
+        "network created: underlay {}, bridge {} {}, node namespaces {}n1..n{}",
         record.underlay,
         plan.bridge(),
         plan.bridge_net(),
-        plan.nodes,
         topology::cluster_netns_prefix(&plan.name),
+        plan.nodes,
     ));
     let log_path = state.file(&record.name, "daemon.log");
     let log = std::fs::File::options()
@@ -213,8 +220,8 @@ fn wait_ready(
         }
         if Instant::now() > deadline {
             return Err(not_ready(format!(
-                "the API server did not start within {:?}",
-                options.timeout
+                "the API server did not start within {} s",
+                options.timeout.as_secs()
             )));
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -272,8 +279,8 @@ fn wait_ready(
                 .filter(|n| !reported_ready.contains(*n))
                 .collect();
             return Err(not_ready(format!(
-                "nodes {missing:?} not Ready within {:?}",
-                options.timeout
+                "nodes {missing:?} not Ready within {} s",
+                options.timeout.as_secs()
             )));
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -290,6 +297,22 @@ fn wait_ready(
         nodes: expected,
         kubeconfig: options.kubeconfig_out.clone(),
     })
+}
+
+/// Copies the logs of cluster `name` to `<state>/<name>.failed/` (replacing an older copy), so
+/// they outlive the cleanup after a failed `up`.
+fn keep_logs(state: &StateDir, name: &str) -> Option<PathBuf> {
+    let from = state.cluster_dir(name);
+    let to = state.root().join(format!("{name}.failed"));
+    let _ = std::fs::remove_dir_all(&to);
+    std::fs::create_dir_all(&to).ok()?;
+    for entry in std::fs::read_dir(&from).ok()?.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let _ = std::fs::copy(&path, to.join(entry.file_name()));
+        }
+    }
+    Some(to)
 }
 
 /// A client from a kubeconfig file.

@@ -27,6 +27,7 @@ impl Env {
             return None;
         }
         tether_testkit::sweep_stale_namespaces();
+        sweep_dead_test_clusters();
         Some(Env {
             underlay: format!("tt{}-{label}", std::process::id()),
             state: tempfile::tempdir().expect("temp state dir"),
@@ -136,6 +137,30 @@ impl Drop for Env {
             }
         }
         let _ = simkube_cluster::net::delete_netns(&self.underlay);
+    }
+}
+
+/// The labels of this file's clusters (`t<pid><label>`).
+const LABELS: &[&str] = &["life", "crash", "fail", "svc", "xa", "xb"];
+
+/// Removes the node and pod namespaces of clusters of test runs that were killed before their
+/// guards ran (the testkit sweep removes their underlays, which stops their daemons).
+fn sweep_dead_test_clusters() {
+    for ns in simkube_cluster::net::netns_with_prefix("sk.t") {
+        let Some(cluster) = ns.strip_prefix("sk.").and_then(|r| r.split('.').next()) else {
+            continue;
+        };
+        let digits: String = cluster[1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let label = &cluster[1 + digits.len()..];
+        let Ok(pid) = digits.parse::<u32>() else {
+            continue;
+        };
+        if LABELS.contains(&label) && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = simkube_cluster::net::delete_netns(&ns);
+        }
     }
 }
 
@@ -349,6 +374,47 @@ fn up_after_a_crashed_daemon_cleans_up_and_works() {
     let second = env.record(&name).daemon_pid.expect("daemon recorded");
     assert_ne!(first, second);
     assert_eq!(ready_nodes(&kubeconfig), vec![format!("{name}-node-1")]);
+}
+
+#[test]
+fn a_failed_up_removes_what_it_created_and_keeps_the_logs() {
+    let Some(mut env) = Env::new("fail") else {
+        return;
+    };
+    let name = env.name("fail");
+    env.clusters.push(name.clone());
+    let underlay = env.underlay.clone();
+    let kubeconfig = env.state_dir().join("never.kubeconfig");
+    let output = env.simkube(&[
+        "cluster",
+        "up",
+        "--name",
+        &name,
+        "--nodes",
+        "1",
+        "--underlay",
+        &underlay,
+        "--kubeconfig-out",
+        kubeconfig.to_str().expect("utf-8"),
+        "--timeout",
+        "0",
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("did not start within 0 s"), "{stderr}");
+    let kept = env.state_dir().join(format!("{name}.failed"));
+    assert!(stderr.contains(kept.to_str().expect("utf-8")), "{stderr}");
+    assert!(kept.join("daemon.log").exists(), "the daemon's log is kept");
+    assert!(!kubeconfig.exists());
+    assert!(!env.state_dir().join(&name).exists());
+    assert_eq!(
+        simkube_cluster::net::netns_with_prefix(&format!("sk.{name}.")),
+        Vec::<String>::new()
+    );
+    assert!(!simkube_cluster::net::netns_exists(&underlay));
+    // The next up of that name works and drops the old logs.
+    env.up(&name, 1);
+    assert!(!kept.exists());
 }
 
 /// Echo pods behind Services, in `namespace` default.
