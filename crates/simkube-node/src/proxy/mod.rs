@@ -36,6 +36,9 @@ use tokio_util::sync::CancellationToken;
 use self::model::{NodeInfo, ServiceInfo, SliceInfo};
 use self::plan::{PodRoute, ProxyInput};
 
+/// The longest pause between retries of a failed apply.
+const MAX_RETRY: Duration = Duration::from_secs(30);
+
 /// Default name of the proxy's table (family `ip`).
 pub const DEFAULT_TABLE: &str = "simkube-proxy";
 
@@ -500,7 +503,10 @@ pub async fn run(
     let mut due: Option<tokio::time::Instant> = None;
     let mut resync = tokio::time::interval(state.config.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let retry = Duration::from_secs(1);
+    // Failed applies and route changes are retried with a doubling delay (1 s to 30 s), so a
+    // missing `nft` does not flood the log.
+    let mut failures: u32 = 0;
+    let retry = |failures: u32| Duration::from_secs(1u64 << failures.min(5)).min(MAX_RETRY);
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -523,8 +529,11 @@ pub async fn run(
                 if listed.iter().all(|l| *l) {
                     let rules = state.sync_rules(false).await;
                     let routes = state.sync_routes().await;
-                    if !(rules && routes) {
-                        due = Some(tokio::time::Instant::now() + retry);
+                    if rules && routes {
+                        failures = 0;
+                    } else {
+                        due = Some(tokio::time::Instant::now() + retry(failures));
+                        failures = failures.saturating_add(1);
                     }
                 }
             }
@@ -533,7 +542,7 @@ pub async fn run(
                     let rules = state.check_table().await;
                     let routes = state.sync_routes().await;
                     if !(rules && routes) {
-                        due.get_or_insert_with(|| tokio::time::Instant::now() + retry);
+                        due.get_or_insert_with(|| tokio::time::Instant::now() + retry(failures));
                     }
                 }
             }
@@ -674,6 +683,29 @@ mod tests {
             ]
         );
         assert!(parse_routes("").is_empty());
+    }
+
+    #[test]
+    fn metrics_are_registered_under_their_names() {
+        let stats = ProxyStats::default();
+        let mut registry = Registry::default();
+        stats.register(&mut registry);
+        stats.applies.inc();
+        stats.routes.set(2);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+        for line in [
+            "simkube_proxy_applies_total 1",
+            "simkube_proxy_apply_failures_total 0",
+            "simkube_proxy_table_restores_total 0",
+            "simkube_proxy_routes 2",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line:?} missing in:\n{text}"
+            );
+        }
+        assert_eq!(stats.clone().applies(), 1, "clones share the counters");
     }
 
     #[test]

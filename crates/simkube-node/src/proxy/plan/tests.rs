@@ -4,6 +4,7 @@ use std::net::Ipv4Addr;
 
 use expect_test::{Expect, expect};
 use proptest::prelude::*;
+use proptest::strategy::ValueTree as _;
 
 use super::*;
 use crate::proxy::model::{Endpoint, SlicePort};
@@ -101,7 +102,9 @@ fn varying(plan: &Plan) -> String {
             skip = true;
         }
         if !skip && !line.starts_with("table ") && !line.starts_with("delete ") && line != "}" {
-            out.push_str(line);
+            // Without the table's indentation: a snapshot whose every line starts with a tab
+            // would lose it to expect-test's dedent.
+            out.push_str(line.strip_prefix('\t').unwrap_or(line));
             out.push('\n');
         }
         if skip && line == "\t}" {
@@ -390,66 +393,66 @@ fn cluster_ip_service_balances_over_ready_endpoints() {
     check(
         &case,
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.0.1, 10.96.0.20 }
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.0.1 . tcp . 443 comment "default/kubernetes:https" : goto service-ZDDBX44F-default/kubernetes/tcp/https,
-        			10.96.0.20 . tcp . 80 comment "default/web:http" : goto service-UARQTUAX-default/web/tcp/http,
-        			10.96.0.20 . udp . 53 comment "default/web:udp" : goto service-LDEH6GMI-default/web/udp/udp
-        		}
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	chain cluster-LDEH6GMI-default/web/udp/udp {
-        		goto endpoint-NJKJCXOP-default/web/udp/udp__10.244.1.5/5353
-        	}
-        	chain cluster-UARQTUAX-default/web/tcp/http {
-        		numgen random mod 2 vmap { 0 : goto endpoint-YX4ZGP7G-default/web/tcp/http__10.244.1.5/8080, 1 : goto endpoint-5ML4MARR-default/web/tcp/http__10.244.2.7/8080 }
-        	}
-        	chain cluster-ZDDBX44F-default/kubernetes/tcp/https {
-        		goto endpoint-IUCJYZRA-default/kubernetes/tcp/https__198.18.1.1/6443
-        	}
-        	chain endpoint-5ML4MARR-default/web/tcp/http__10.244.2.7/8080 {
-        		ip saddr 10.244.2.7 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 10.244.2.7:8080
-        	}
-        	chain endpoint-IUCJYZRA-default/kubernetes/tcp/https__198.18.1.1/6443 {
-        		ip saddr 198.18.1.1 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 198.18.1.1:6443
-        	}
-        	chain endpoint-NJKJCXOP-default/web/udp/udp__10.244.1.5/5353 {
-        		ip saddr 10.244.1.5 jump mark-for-masquerade
-        		meta l4proto udp dnat to 10.244.1.5:5353
-        	}
-        	chain endpoint-YX4ZGP7G-default/web/tcp/http__10.244.1.5/8080 {
-        		ip saddr 10.244.1.5 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 10.244.1.5:8080
-        	}
-        	chain service-LDEH6GMI-default/web/udp/udp {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-LDEH6GMI-default/web/udp/udp
-        	}
-        	chain service-UARQTUAX-default/web/tcp/http {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-UARQTUAX-default/web/tcp/http
-        	}
-        	chain service-ZDDBX44F-default/kubernetes/tcp/https {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-ZDDBX44F-default/kubernetes/tcp/https
-        	}
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.0.1, 10.96.0.20 }
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.0.1 . tcp . 443 comment "default/kubernetes:https" : goto service-ZDDBX44F-default/kubernetes/tcp/https,
+            		10.96.0.20 . tcp . 80 comment "default/web:http" : goto service-UARQTUAX-default/web/tcp/http,
+            		10.96.0.20 . udp . 53 comment "default/web:udp" : goto service-LDEH6GMI-default/web/udp/udp
+            	}
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            chain cluster-LDEH6GMI-default/web/udp/udp {
+            	goto endpoint-NJKJCXOP-default/web/udp/udp__10.244.1.5/5353
+            }
+            chain cluster-UARQTUAX-default/web/tcp/http {
+            	numgen random mod 2 vmap { 0 : goto endpoint-YX4ZGP7G-default/web/tcp/http__10.244.1.5/8080, 1 : goto endpoint-5ML4MARR-default/web/tcp/http__10.244.2.7/8080 }
+            }
+            chain cluster-ZDDBX44F-default/kubernetes/tcp/https {
+            	goto endpoint-IUCJYZRA-default/kubernetes/tcp/https__198.18.1.1/6443
+            }
+            chain endpoint-5ML4MARR-default/web/tcp/http__10.244.2.7/8080 {
+            	ip saddr 10.244.2.7 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 10.244.2.7:8080
+            }
+            chain endpoint-IUCJYZRA-default/kubernetes/tcp/https__198.18.1.1/6443 {
+            	ip saddr 198.18.1.1 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 198.18.1.1:6443
+            }
+            chain endpoint-NJKJCXOP-default/web/udp/udp__10.244.1.5/5353 {
+            	ip saddr 10.244.1.5 jump mark-for-masquerade
+            	meta l4proto udp dnat to 10.244.1.5:5353
+            }
+            chain endpoint-YX4ZGP7G-default/web/tcp/http__10.244.1.5/8080 {
+            	ip saddr 10.244.1.5 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 10.244.1.5:8080
+            }
+            chain service-LDEH6GMI-default/web/udp/udp {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-LDEH6GMI-default/web/udp/udp
+            }
+            chain service-UARQTUAX-default/web/tcp/http {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-UARQTUAX-default/web/tcp/http
+            }
+            chain service-ZDDBX44F-default/kubernetes/tcp/https {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-ZDDBX44F-default/kubernetes/tcp/https
+            }
+        "#]],
     );
 }
 
@@ -458,31 +461,31 @@ fn service_without_ready_endpoints_is_refused() {
     check(
         &no_endpoints_case(),
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.3.3 }
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.3.3 . tcp . 80 comment "shop/cart" : goto reject-chain,
-        			198.19.1.10 . tcp . 80 comment "shop/cart" : goto reject-chain
-        		}
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        		elements = {
-        			tcp . 30080 comment "shop/cart" : goto reject-chain
-        		}
-        	}
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.3.3 }
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.3.3 . tcp . 80 comment "shop/cart" : goto reject-chain,
+            		198.19.1.10 . tcp . 80 comment "shop/cart" : goto reject-chain
+            	}
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            	elements = {
+            		tcp . 30080 comment "shop/cart" : goto reject-chain
+            	}
+            }
+        "#]],
     );
 }
 
@@ -491,56 +494,56 @@ fn external_traffic_policy_local_keeps_external_traffic_on_local_endpoints() {
     check(
         &external_local_case(),
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.5.5 }
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.5.5 . udp . 51820 comment "edge/gw:wg" : goto service-CZ2JBLK4-edge/gw/udp/wg,
-        			198.18.9.9 . udp . 51820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg,
-        			198.19.1.20 . udp . 51820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg
-        		}
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        		elements = {
-        			udp . 31820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg
-        		}
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	chain cluster-CZ2JBLK4-edge/gw/udp/wg {
-        		numgen random mod 2 vmap { 0 : goto endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820, 1 : goto endpoint-SB3TSFOG-edge/gw/udp/wg__10.244.2.2/51820 }
-        	}
-        	chain endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820 {
-        		ip saddr 10.244.1.2 jump mark-for-masquerade
-        		meta l4proto udp dnat to 10.244.1.2:51820
-        	}
-        	chain endpoint-SB3TSFOG-edge/gw/udp/wg__10.244.2.2/51820 {
-        		ip saddr 10.244.2.2 jump mark-for-masquerade
-        		meta l4proto udp dnat to 10.244.2.2:51820
-        	}
-        	chain external-CZ2JBLK4-edge/gw/udp/wg {
-        		ip saddr 10.244.0.0/16 goto cluster-CZ2JBLK4-edge/gw/udp/wg
-        		fib saddr type local jump mark-for-masquerade
-        		fib saddr type local goto cluster-CZ2JBLK4-edge/gw/udp/wg
-        		goto local-CZ2JBLK4-edge/gw/udp/wg
-        	}
-        	chain local-CZ2JBLK4-edge/gw/udp/wg {
-        		goto endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820
-        	}
-        	chain service-CZ2JBLK4-edge/gw/udp/wg {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-CZ2JBLK4-edge/gw/udp/wg
-        	}
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.5.5 }
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.5.5 . udp . 51820 comment "edge/gw:wg" : goto service-CZ2JBLK4-edge/gw/udp/wg,
+            		198.18.9.9 . udp . 51820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg,
+            		198.19.1.20 . udp . 51820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg
+            	}
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            	elements = {
+            		udp . 31820 comment "edge/gw:wg" : goto external-CZ2JBLK4-edge/gw/udp/wg
+            	}
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            chain cluster-CZ2JBLK4-edge/gw/udp/wg {
+            	numgen random mod 2 vmap { 0 : goto endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820, 1 : goto endpoint-SB3TSFOG-edge/gw/udp/wg__10.244.2.2/51820 }
+            }
+            chain endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820 {
+            	ip saddr 10.244.1.2 jump mark-for-masquerade
+            	meta l4proto udp dnat to 10.244.1.2:51820
+            }
+            chain endpoint-SB3TSFOG-edge/gw/udp/wg__10.244.2.2/51820 {
+            	ip saddr 10.244.2.2 jump mark-for-masquerade
+            	meta l4proto udp dnat to 10.244.2.2:51820
+            }
+            chain external-CZ2JBLK4-edge/gw/udp/wg {
+            	ip saddr 10.244.0.0/16 goto cluster-CZ2JBLK4-edge/gw/udp/wg
+            	fib saddr type local jump mark-for-masquerade
+            	fib saddr type local goto cluster-CZ2JBLK4-edge/gw/udp/wg
+            	goto local-CZ2JBLK4-edge/gw/udp/wg
+            }
+            chain local-CZ2JBLK4-edge/gw/udp/wg {
+            	goto endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820
+            }
+            chain service-CZ2JBLK4-edge/gw/udp/wg {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-CZ2JBLK4-edge/gw/udp/wg
+            }
+        "#]],
     );
 }
 
@@ -549,38 +552,38 @@ fn terminating_but_serving_endpoints_are_used_when_none_is_ready() {
     check(
         &terminating_case(),
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.7.7 }
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.7.7 . tcp . 80 comment "default/old" : goto service-J4BJXQXN-default/old/tcp/
-        		}
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	chain cluster-J4BJXQXN-default/old/tcp/ {
-        		goto endpoint-ZAGE623T-default/old/tcp/__10.244.1.3/80
-        	}
-        	chain endpoint-ZAGE623T-default/old/tcp/__10.244.1.3/80 {
-        		ip saddr 10.244.1.3 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 10.244.1.3:80
-        	}
-        	chain service-J4BJXQXN-default/old/tcp/ {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-J4BJXQXN-default/old/tcp/
-        	}
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.7.7 }
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.7.7 . tcp . 80 comment "default/old" : goto service-J4BJXQXN-default/old/tcp/
+            	}
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            chain cluster-J4BJXQXN-default/old/tcp/ {
+            	goto endpoint-ZAGE623T-default/old/tcp/__10.244.1.3/80
+            }
+            chain endpoint-ZAGE623T-default/old/tcp/__10.244.1.3/80 {
+            	ip saddr 10.244.1.3 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 10.244.1.3:80
+            }
+            chain service-J4BJXQXN-default/old/tcp/ {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-J4BJXQXN-default/old/tcp/
+            }
+        "#]],
     );
 }
 
@@ -589,64 +592,64 @@ fn client_ip_affinity_and_internal_traffic_policy_local() {
     check(
         &affinity_case(),
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.8.8, 10.96.9.9 }
-        	}
-        	set affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 {
-        		type ipv4_addr
-        		flags dynamic,timeout
-        		timeout 600s
-        	}
-        	set affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 {
-        		type ipv4_addr
-        		flags dynamic,timeout
-        		timeout 600s
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.8.8 . tcp . 80 comment "default/sticky" : goto service-B3YODSRX-default/sticky/tcp/,
-        			10.96.9.9 . tcp . 80 comment "default/node-local" : goto service-KIQJKTN7-default/node-local/tcp/
-        		}
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	chain cluster-B3YODSRX-default/sticky/tcp/ {
-        		ip saddr @affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 goto endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080
-        		ip saddr @affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 goto endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080
-        		numgen random mod 2 vmap { 0 : goto endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080, 1 : goto endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 }
-        	}
-        	chain endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 {
-        		ip saddr 10.244.2.2 jump mark-for-masquerade
-        		update @affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 { ip saddr }
-        		meta l4proto tcp dnat to 10.244.2.2:8080
-        	}
-        	chain endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 {
-        		ip saddr 10.244.1.2 jump mark-for-masquerade
-        		update @affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 { ip saddr }
-        		meta l4proto tcp dnat to 10.244.1.2:8080
-        	}
-        	chain local-KIQJKTN7-default/node-local/tcp/ {
-        		drop
-        	}
-        	chain service-B3YODSRX-default/sticky/tcp/ {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-B3YODSRX-default/sticky/tcp/
-        	}
-        	chain service-KIQJKTN7-default/node-local/tcp/ {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto local-KIQJKTN7-default/node-local/tcp/
-        	}
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.8.8, 10.96.9.9 }
+            }
+            set affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 {
+            	type ipv4_addr
+            	flags dynamic,timeout
+            	timeout 600s
+            }
+            set affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 {
+            	type ipv4_addr
+            	flags dynamic,timeout
+            	timeout 600s
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.8.8 . tcp . 80 comment "default/sticky" : goto service-B3YODSRX-default/sticky/tcp/,
+            		10.96.9.9 . tcp . 80 comment "default/node-local" : goto service-KIQJKTN7-default/node-local/tcp/
+            	}
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            chain cluster-B3YODSRX-default/sticky/tcp/ {
+            	ip saddr @affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 goto endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080
+            	ip saddr @affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 goto endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080
+            	numgen random mod 2 vmap { 0 : goto endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080, 1 : goto endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 }
+            }
+            chain endpoint-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 {
+            	ip saddr 10.244.2.2 jump mark-for-masquerade
+            	update @affinity-3LQHYTGG-default/sticky/tcp/__10.244.2.2/8080 { ip saddr }
+            	meta l4proto tcp dnat to 10.244.2.2:8080
+            }
+            chain endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 {
+            	ip saddr 10.244.1.2 jump mark-for-masquerade
+            	update @affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 { ip saddr }
+            	meta l4proto tcp dnat to 10.244.1.2:8080
+            }
+            chain local-KIQJKTN7-default/node-local/tcp/ {
+            	drop
+            }
+            chain service-B3YODSRX-default/sticky/tcp/ {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-B3YODSRX-default/sticky/tcp/
+            }
+            chain service-KIQJKTN7-default/node-local/tcp/ {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto local-KIQJKTN7-default/node-local/tcp/
+            }
+        "#]],
     );
 }
 
@@ -655,65 +658,65 @@ fn conflicting_addresses_and_sctp_are_reported() {
     check(
         &conflicts_case(),
         expect![[r#"
-        	comment "service proxy of node n1"
-        	set cluster-ips {
-        		type ipv4_addr
-        		elements = { 10.96.1.1, 10.96.1.2 }
-        	}
-        	map service-ips {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        		elements = {
-        			10.96.1.1 . tcp . 80 comment "a/one" : goto service-MK3GGTGU-a/one/tcp/,
-        			10.96.1.2 . tcp . 80 comment "b/two" : goto service-RFGCZIEI-b/two/tcp/,
-        			198.18.7.7 . tcp . 80 comment "a/one" : goto external-MK3GGTGU-a/one/tcp/
-        		}
-        	}
-        	map service-nodeports {
-        		type inet_proto . inet_service : verdict
-        		elements = {
-        			tcp . 30001 comment "a/one" : goto external-MK3GGTGU-a/one/tcp/
-        		}
-        	}
-        	map no-endpoint-services {
-        		type ipv4_addr . inet_proto . inet_service : verdict
-        	}
-        	map no-endpoint-nodeports {
-        		type inet_proto . inet_service : verdict
-        	}
-        	chain cluster-MK3GGTGU-a/one/tcp/ {
-        		goto endpoint-LGMVDOVN-a/one/tcp/__10.244.1.2/80
-        	}
-        	chain cluster-RFGCZIEI-b/two/tcp/ {
-        		goto endpoint-B643VXFV-b/two/tcp/__10.244.1.3/80
-        	}
-        	chain endpoint-B643VXFV-b/two/tcp/__10.244.1.3/80 {
-        		ip saddr 10.244.1.3 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 10.244.1.3:80
-        	}
-        	chain endpoint-LGMVDOVN-a/one/tcp/__10.244.1.2/80 {
-        		ip saddr 10.244.1.2 jump mark-for-masquerade
-        		meta l4proto tcp dnat to 10.244.1.2:80
-        	}
-        	chain external-MK3GGTGU-a/one/tcp/ {
-        		jump mark-for-masquerade
-        		goto cluster-MK3GGTGU-a/one/tcp/
-        	}
-        	chain external-RFGCZIEI-b/two/tcp/ {
-        		jump mark-for-masquerade
-        		goto cluster-RFGCZIEI-b/two/tcp/
-        	}
-        	chain service-MK3GGTGU-a/one/tcp/ {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-MK3GGTGU-a/one/tcp/
-        	}
-        	chain service-RFGCZIEI-b/two/tcp/ {
-        		ip saddr != 10.244.0.0/16 jump mark-for-masquerade
-        		goto cluster-RFGCZIEI-b/two/tcp/
-        	}
-        warning: b/two: 198.18.7.7 . tcp . 80 is already served for a/one; ignored
-        warning: b/two: tcp . 30001 is already served for a/one; ignored
-        warning: b/two:s: SCTP port 9 is not proxied (only TCP and UDP are)
-    "#]],
+            comment "service proxy of node n1"
+            set cluster-ips {
+            	type ipv4_addr
+            	elements = { 10.96.1.1, 10.96.1.2 }
+            }
+            map service-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		10.96.1.1 . tcp . 80 comment "a/one" : goto service-MK3GGTGU-a/one/tcp/,
+            		10.96.1.2 . tcp . 80 comment "b/two" : goto service-RFGCZIEI-b/two/tcp/,
+            		198.18.7.7 . tcp . 80 comment "a/one" : goto external-MK3GGTGU-a/one/tcp/
+            	}
+            }
+            map service-nodeports {
+            	type inet_proto . inet_service : verdict
+            	elements = {
+            		tcp . 30001 comment "a/one" : goto external-MK3GGTGU-a/one/tcp/
+            	}
+            }
+            map no-endpoint-services {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
+            map no-endpoint-nodeports {
+            	type inet_proto . inet_service : verdict
+            }
+            chain cluster-MK3GGTGU-a/one/tcp/ {
+            	goto endpoint-LGMVDOVN-a/one/tcp/__10.244.1.2/80
+            }
+            chain cluster-RFGCZIEI-b/two/tcp/ {
+            	goto endpoint-B643VXFV-b/two/tcp/__10.244.1.3/80
+            }
+            chain endpoint-B643VXFV-b/two/tcp/__10.244.1.3/80 {
+            	ip saddr 10.244.1.3 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 10.244.1.3:80
+            }
+            chain endpoint-LGMVDOVN-a/one/tcp/__10.244.1.2/80 {
+            	ip saddr 10.244.1.2 jump mark-for-masquerade
+            	meta l4proto tcp dnat to 10.244.1.2:80
+            }
+            chain external-MK3GGTGU-a/one/tcp/ {
+            	jump mark-for-masquerade
+            	goto cluster-MK3GGTGU-a/one/tcp/
+            }
+            chain external-RFGCZIEI-b/two/tcp/ {
+            	jump mark-for-masquerade
+            	goto cluster-RFGCZIEI-b/two/tcp/
+            }
+            chain service-MK3GGTGU-a/one/tcp/ {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-MK3GGTGU-a/one/tcp/
+            }
+            chain service-RFGCZIEI-b/two/tcp/ {
+            	ip saddr != 10.244.0.0/16 jump mark-for-masquerade
+            	goto cluster-RFGCZIEI-b/two/tcp/
+            }
+            warning: b/two: 198.18.7.7 . tcp . 80 is already served for a/one; ignored
+            warning: b/two: tcp . 30001 is already served for a/one; ignored
+            warning: b/two:s: SCTP port 9 is not proxied (only TCP and UDP are)
+        "#]],
     );
 }
 
@@ -776,7 +779,20 @@ fn every_case_passes_nft_check() {
         return;
     }
     let ns = tether_testkit::Netns::new("skp-nftc").expect("namespace");
-    for (name, case) in cases() {
+    let mut all: Vec<(String, ProxyInput)> = cases()
+        .into_iter()
+        .map(|(n, c)| (n.to_owned(), c))
+        .collect();
+    // Random clusters too (duplicate node ports, affinity, both policies, empty slices).
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    for i in 0..24 {
+        let case = arb_case()
+            .new_tree(&mut runner)
+            .expect("generate a case")
+            .current();
+        all.push((format!("random #{i}"), case));
+    }
+    for (name, case) in all {
         let script = plan(&case).script;
         let mut command = ns.command("nft").expect("nft command");
         command.args(["-c", "-f", "-"]);
