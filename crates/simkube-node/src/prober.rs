@@ -219,12 +219,12 @@ fn insecure_tls() -> Result<tokio_rustls::TlsConnector, String> {
         .map(tokio_rustls::TlsConnector::from)
 }
 
-/// Sends `request` over `io` with HTTP/1.1 and returns the response status (the body is read,
-/// up to the kubelet's limit, so the server sees a complete exchange).
-async fn http1_status<IO>(
+/// Sends `request` over `io` with HTTP/1.1 and returns the response status and `Location` (the
+/// body is read, up to the kubelet's limit, so the server sees a complete exchange).
+async fn http1_exchange<IO>(
     io: IO,
     request: http::Request<Empty<Bytes>>,
-) -> Result<http::StatusCode, String>
+) -> Result<(http::StatusCode, Option<String>), String>
 where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -239,6 +239,11 @@ where
         .await
         .map_err(|e| e.to_string())?;
     let status = response.status();
+    let location = response
+        .headers()
+        .get(http::header::LOCATION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let mut body = response.into_body();
     let mut read = 0usize;
     while read < OUTPUT_LIMIT {
@@ -247,8 +252,136 @@ where
             _ => break,
         }
     }
-    Ok(status)
+    Ok((status, location))
 }
+
+/// Where one request of an HTTP probe goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct HttpTarget {
+    scheme: Scheme,
+    /// A name or an IP address (without brackets).
+    host: String,
+    port: u16,
+    /// Path and query.
+    path: String,
+}
+
+impl HttpTarget {
+    fn scheme_name(&self) -> &'static str {
+        match self.scheme {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    fn default_port(scheme: Scheme) -> u16 {
+        match scheme {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+
+    /// `host[:port]` as it goes into the URL and the Host header.
+    fn authority(&self) -> String {
+        let host = match self.host.parse::<IpAddr>() {
+            Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
+            _ => self.host.clone(),
+        };
+        if self.port == Self::default_port(self.scheme) {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme_name(), self.authority(), self.path)
+    }
+
+    /// The target a `Location` header sends a redirect to (absolute, scheme-relative,
+    /// absolute-path or relative-path), `None` when it does not parse.
+    fn follow(&self, location: &str) -> Option<Self> {
+        if location.starts_with("//") {
+            return self.follow(&format!("{}:{location}", self.scheme_name()));
+        }
+        let uri: http::Uri = location.parse().ok()?;
+        if let Some(scheme) = uri.scheme_str() {
+            let scheme = match scheme {
+                "http" => Scheme::Http,
+                "https" => Scheme::Https,
+                _ => return None,
+            };
+            return Some(Self {
+                scheme,
+                host: uri.host()?.trim_matches(['[', ']']).to_owned(),
+                port: uri.port_u16().unwrap_or_else(|| Self::default_port(scheme)),
+                path: uri
+                    .path_and_query()
+                    .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+            });
+        }
+        let path = if location.starts_with('/') {
+            location.to_owned()
+        } else {
+            let dir = self
+                .path
+                .split('?')
+                .next()
+                .and_then(|p| p.rsplit_once('/'))
+                .map_or("", |(dir, _)| dir);
+            format!("{dir}/{location}")
+        };
+        Some(Self {
+            path,
+            ..self.clone()
+        })
+    }
+}
+
+/// One request of an HTTP probe: its status and `Location`.
+async fn http_once(
+    target: &HttpTarget,
+    headers: &[(String, String)],
+) -> Result<(http::StatusCode, Option<String>), String> {
+    let addr = address(Some(&target.host), IpAddr::from([0, 0, 0, 0]), target.port).await?;
+    let mut request = http::Request::get(target.path.as_str())
+        .header(http::header::HOST, target.authority())
+        .header(http::header::USER_AGENT, USER_AGENT)
+        .header(http::header::ACCEPT, "*/*")
+        .header(http::header::CONNECTION, "close");
+    for (name, value) in headers {
+        let Some(map) = request.headers_mut() else {
+            break;
+        };
+        let name = http::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| format!("invalid header name {name:?}"))?;
+        let value = http::HeaderValue::from_str(value)
+            .map_err(|_| format!("invalid value for header {name}"))?;
+        // A header the probe sets replaces the default of the same name.
+        map.insert(name, value);
+    }
+    let request = request
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("dial tcp {addr}: {}", go_error(&e)))?;
+    match target.scheme {
+        Scheme::Http => http1_exchange(stream, request).await,
+        Scheme::Https => {
+            let name = rustls::pki_types::ServerName::try_from(target.host.clone())
+                .map_err(|e| format!("invalid host {:?}: {e}", target.host))?;
+            let tls = insecure_tls()?
+                .connect(name, stream)
+                .await
+                .map_err(|e| format!("tls handshake: {e}"))?;
+            http1_exchange(tls, request).await
+        }
+    }
+}
+
+/// How many redirects an HTTP probe follows (Go's HTTP client default, which the kubelet keeps).
+const MAX_REDIRECTS: usize = 10;
 
 async fn http_get(
     scheme: Scheme,
@@ -259,68 +392,52 @@ async fn http_get(
     headers: &[(String, String)],
     timeout: Duration,
 ) -> Outcome {
-    let (scheme_name, default_port) = match scheme {
-        Scheme::Http => ("http", 80),
-        Scheme::Https => ("https", 443),
+    let first = HttpTarget {
+        scheme,
+        host: host.map_or_else(
+            || pod_ip.to_string(),
+            |h| h.trim_matches(['[', ']']).to_owned(),
+        ),
+        port,
+        path: path.to_owned(),
     };
-    let host_name = host.map_or_else(|| pod_ip.to_string(), str::to_owned);
-    let authority = match host_name.parse::<IpAddr>() {
-        Ok(IpAddr::V6(ip)) => format!("[{ip}]"),
-        _ => host_name.clone(),
-    };
-    let authority = if port == default_port {
-        authority
-    } else {
-        format!("{authority}:{port}")
-    };
-    let url = format!("{scheme_name}://{authority}{path}");
-    let attempt = async {
-        let addr = address(host, pod_ip, port).await?;
-        let mut request = http::Request::get(path)
-            .header(http::header::HOST, &authority)
-            .header(http::header::USER_AGENT, USER_AGENT)
-            .header(http::header::ACCEPT, "*/*")
-            .header(http::header::CONNECTION, "close");
-        for (name, value) in headers {
-            let Some(map) = request.headers_mut() else {
-                break;
+    // The kubelet follows redirects to the same host name; a redirect elsewhere ends the
+    // probe with the redirect's own (successful) status.
+    let chain = async {
+        let mut current = first.clone();
+        let mut hops = 0;
+        loop {
+            let (status, location) = http_once(&current, headers)
+                .await
+                .map_err(|message| format!("Get {:?}: {message}", current.url()))?;
+            let next = location
+                .filter(|_| status.is_redirection())
+                .and_then(|l| current.follow(&l))
+                .filter(|next| next.host == first.host);
+            let Some(next) = next else {
+                return Ok(status);
             };
-            let name = http::HeaderName::from_bytes(name.as_bytes())
-                .map_err(|_| format!("invalid header name {name:?}"))?;
-            let value = http::HeaderValue::from_str(value)
-                .map_err(|_| format!("invalid value for header {name}"))?;
-            // A header the probe sets replaces the default of the same name.
-            map.insert(name, value);
-        }
-        let request = request
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| e.to_string())?;
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("dial tcp {addr}: {}", go_error(&e)))?;
-        match scheme {
-            Scheme::Http => http1_status(stream, request).await,
-            Scheme::Https => {
-                let name = rustls::pki_types::ServerName::try_from(host_name.clone())
-                    .map_err(|e| format!("invalid host {host_name:?}: {e}"))?;
-                let tls = insecure_tls()?
-                    .connect(name, stream)
-                    .await
-                    .map_err(|e| format!("tls handshake: {e}"))?;
-                http1_status(tls, request).await
+            hops += 1;
+            if hops > MAX_REDIRECTS {
+                return Err(format!(
+                    "Get {:?}: stopped after {MAX_REDIRECTS} redirects",
+                    next.url()
+                ));
             }
+            current = next;
         }
     };
-    match tokio::time::timeout(timeout, attempt).await {
+    match tokio::time::timeout(timeout, chain).await {
         Ok(Ok(status)) if (200..400).contains(&status.as_u16()) => Outcome::Success,
         Ok(Ok(status)) => Outcome::Failure(format!(
             "HTTP probe failed with statuscode: {}",
             status.as_u16()
         )),
-        Ok(Err(message)) => Outcome::Failure(format!("Get {url:?}: {message}")),
+        Ok(Err(message)) => Outcome::Failure(message),
         Err(_) => Outcome::Failure(format!(
-            "Get {url:?}: context deadline exceeded (Client.Timeout exceeded while awaiting \
-             headers)"
+            "Get {:?}: context deadline exceeded (Client.Timeout exceeded while awaiting \
+             headers)",
+            first.url()
         )),
     }
 }
@@ -864,6 +981,34 @@ mod tests {
     }
 
     #[test]
+    fn redirect_locations_resolve_against_the_request() {
+        let base = HttpTarget {
+            scheme: Scheme::Http,
+            host: "10.244.1.5".into(),
+            port: 8080,
+            path: "/app/health?full=1".into(),
+        };
+        let follow = |l: &str| base.follow(l).map(|t| t.url());
+        assert_eq!(
+            follow("ready").as_deref(),
+            Some("http://10.244.1.5:8080/app/ready")
+        );
+        assert_eq!(
+            follow("/ready").as_deref(),
+            Some("http://10.244.1.5:8080/ready")
+        );
+        assert_eq!(
+            follow("https://10.244.1.5/x?y=1").as_deref(),
+            Some("https://10.244.1.5/x?y=1")
+        );
+        assert_eq!(
+            follow("//[fd00::1]:81/z").as_deref(),
+            Some("http://[fd00::1]:81/z")
+        );
+        assert_eq!(follow("ftp://x/"), None);
+    }
+
+    #[test]
     fn spam_filter_allows_a_burst_then_one_per_five_minutes() {
         let start = std::time::Instant::now();
         let mut bucket = SpamBucket::new(start);
@@ -1060,7 +1205,13 @@ mod tests {
                         assert!(request.contains("x-probe: yes"), "{request}");
                         "200 OK"
                     } else if request.starts_with("GET /redirect ") {
-                        "302 Found"
+                        "302 Found\r\nlocation: ok"
+                    } else if request.starts_with("GET /to-bad ") {
+                        "301 Moved Permanently\r\nlocation: /bad"
+                    } else if request.starts_with("GET /away ") {
+                        "302 Found\r\nlocation: http://192.0.2.1/bad"
+                    } else if request.starts_with("GET /loop ") {
+                        "302 Found\r\nlocation: /loop"
                     } else {
                         "503 Service Unavailable"
                     };
@@ -1091,6 +1242,21 @@ mod tests {
         assert_eq!(
             run_probe(&http("/bad"), &target, second).await,
             Outcome::Failure("HTTP probe failed with statuscode: 503".into())
+        );
+        // Redirects to the same host are followed, to another host not.
+        assert_eq!(
+            run_probe(&http("/to-bad"), &target, second).await,
+            Outcome::Failure("HTTP probe failed with statuscode: 503".into())
+        );
+        assert_eq!(
+            run_probe(&http("/away"), &target, second).await,
+            Outcome::Success
+        );
+        assert_eq!(
+            run_probe(&http("/loop"), &target, second).await,
+            Outcome::Failure(format!(
+                "Get \"http://127.0.0.1:{port}/loop\": stopped after 10 redirects"
+            ))
         );
         let tcp = |port| Action::TcpSocket {
             host: None,
