@@ -217,7 +217,7 @@ async fn copy(
     let mut pipes = [Some(stdout), Some(stderr)];
     let mut splitters = [LineSplitter::default(), LineSplitter::default()];
     let streams = [Stream::Stdout, Stream::Stderr];
-    let mut bufs = [vec![0u8; 8192], vec![0u8; 8192]];
+    let mut bufs = [vec![0u8; 4096], vec![0u8; 4096]];
     let mut line = Vec::new();
     while pipes.iter().any(Option::is_some) {
         let [a, b] = &mut pipes;
