@@ -147,9 +147,10 @@ impl Zone {
         Ok(Self { origin, ttl })
     }
 
-    /// The zone's origin, lower case and fully qualified.
-    pub(crate) fn origin(&self) -> &Name {
-        &self.origin
+    /// Whether the answer for `name` comes from the cluster's data (the zone itself or a
+    /// reverse name), rather than being refused outright.
+    pub(crate) fn covers(&self, name: &Name) -> bool {
+        self.origin.zone_of(name) || REVERSE_ZONES.iter().any(|z| z.zone_of(name))
     }
 
     /// Answers `qname`/`qtype` from `view`; `serial` is the SOA serial of the data seen.

@@ -180,7 +180,7 @@ impl Handler {
         let mut fqdn = query.name().clone();
         fqdn.set_fqdn(true);
         let synced = self.synced.iter().all(|s| s.load(Ordering::Acquire));
-        if !synced && self.zone.origin().zone_of(&fqdn.to_lowercase()) {
+        if !synced && self.zone.covers(&fqdn) {
             // An empty cache would answer NXDOMAIN for names that exist, and clients cache that.
             return (qtype, Answer::code(ResponseCode::ServFail));
         }

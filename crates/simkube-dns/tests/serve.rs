@@ -16,6 +16,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
+use simkube::ApiError;
 use simkube::controllers::Controllers;
 use simkube_dns::{DnsConfig, Metrics};
 use tokio_util::sync::CancellationToken;
@@ -39,15 +40,27 @@ impl Fixture {
     }
 
     async fn with_controllers(controllers: Controllers) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_test_writer()
-            .try_init();
         let cluster = simkube::Cluster::builder()
             .controllers(controllers)
             .start()
             .await
             .expect("start simkube");
+        let fixture = Self::serve(cluster).await;
+        // The server answers SERVFAIL until its watches listed the cluster.
+        fixture
+            .eventually("the first answer", "cluster.local.", RecordType::SOA, |r| {
+                r.response_code() == ResponseCode::NoError
+            })
+            .await;
+        fixture
+    }
+
+    /// Starts the DNS server of `cluster` without waiting for it to list the cluster.
+    async fn serve(cluster: simkube::Cluster) -> Self {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
             .await
             .expect("bind udp");
@@ -71,21 +84,23 @@ impl Fixture {
             tcp,
             shutdown.clone(),
         ));
-        let fixture = Self {
+        Self {
             cluster,
             udp: udp_addr,
             tcp: tcp_addr,
             metrics,
             shutdown,
             server,
-        };
-        // The server answers SERVFAIL until its watches listed the cluster.
-        fixture
-            .eventually("the first answer", "cluster.local.", RecordType::SOA, |r| {
-                r.response_code() == ResponseCode::NoError
-            })
-            .await;
-        fixture
+        }
+    }
+
+    /// The metrics as Prometheus scrapes them.
+    fn scrape(&self) -> String {
+        let mut registry = Registry::default();
+        self.metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+        text
     }
 
     async fn udp_client(&self, edns: bool) -> DnsClient {
@@ -398,10 +413,7 @@ async fn metrics_count_queries_by_type_and_code() {
     dns.ask("nothing.default.svc.cluster.local.", RecordType::A)
         .await;
     dns.ask("example.com.", RecordType::AAAA).await;
-    let mut registry = Registry::default();
-    dns.metrics.register(&mut registry);
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode metrics");
+    let text = dns.scrape();
     for line in [
         r#"simkube_dns_queries_total{type="A",rcode="NXDOMAIN"} 1"#,
         r#"simkube_dns_queries_total{type="AAAA",rcode="REFUSED"} 1"#,
@@ -482,5 +494,38 @@ async fn headless_answers_follow_pod_readiness_through_the_endpointslice_control
         .ask("db-1.db.default.svc.cluster.local.", RecordType::A)
         .await;
     assert_eq!(gone.response_code(), ResponseCode::NXDomain);
+    dns.stop().await;
+}
+
+#[tokio::test]
+async fn failing_watches_answer_servfail_never_nxdomain() {
+    let cluster = simkube::Cluster::builder()
+        .start()
+        .await
+        .expect("start simkube");
+    // The first lists fail; the watcher retries with back-off (about a second).
+    cluster.fail_next("list", "services", 2, ApiError::internal("injected"));
+    let dns = Fixture::serve(cluster).await;
+    let name = "kubernetes.default.svc.cluster.local.";
+    let early = dns.ask(name, RecordType::A).await;
+    assert_eq!(
+        early.response_code(),
+        ResponseCode::ServFail,
+        "an unlisted cluster must not deny names: {early:?}"
+    );
+    // Outside names do not depend on the cluster.
+    let outside = dns.ask("example.com.", RecordType::A).await;
+    assert_eq!(outside.response_code(), ResponseCode::Refused);
+
+    dns.eventually("the cluster listed", name, RecordType::A, |r| {
+        r.response_code() == ResponseCode::NoError
+    })
+    .await;
+    let text = dns.scrape();
+    assert!(
+        text.contains(r#"simkube_dns_watch_errors_total{resource="services"} 2"#),
+        "both failures counted:\n{text}"
+    );
+    assert!(text.contains(r#"simkube_dns_queries_total{type="A",rcode="SERVFAIL"}"#));
     dns.stop().await;
 }
