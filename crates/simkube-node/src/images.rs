@@ -327,7 +327,7 @@ mod tests {
     #[test]
     fn unknown_image_says_how_to_map_it() {
         let err = table().resolve("nginx:1.27").expect_err("unknown");
-        expect_test::expect![[r#"image "nginx:1.27" is not known to this node: map it to a local executable with an entry `{image: nginx, entrypoint: [/path/to/program]}` in the node's image table (--images FILE), or use a built-in image (simkube.dev/echo, simkube.dev/sleeper, simkube.dev/traffic)"#]]
+        expect_test::expect![[r#"image "nginx:1.27" is not known to this node: map it to a local executable with an entry `{image: nginx, entrypoint: [/path/to/program]}` in the node's image table (--images FILE), or use a built-in image (simkube.dev/echo, simkube.dev/sleeper, simkube.dev/traffic, simkube.dev/apicheck)"#]]
         .assert_eq(&err.to_string());
     }
 
