@@ -48,12 +48,14 @@ pub fn run(state_dir: &Path, name: &str) -> Result<(), Error> {
     let _ = nix::unistd::setsid();
     let host = std::net::TcpListener::bind(("127.0.0.1", 0))
         .map_err(Error::io("binding the admin listener on 127.0.0.1"))?;
+    let metrics = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .map_err(Error::io("binding the metrics listener on 127.0.0.1"))?;
     enter_netns(&record.underlay)?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(Error::io("starting the async runtime"))?
-        .block_on(serve(state, record, host))
+        .block_on(serve(state, record, host, metrics))
 }
 
 fn enter_netns(name: &str) -> Result<(), Error> {
@@ -73,11 +75,16 @@ async fn serve(
     state: StateDir,
     record: ClusterRecord,
     host: std::net::TcpListener,
+    metrics_listener: std::net::TcpListener,
 ) -> Result<(), Error> {
     let plan = record.plan();
     let host_port = host
         .local_addr()
         .map_err(Error::io("reading the admin listener's port"))?
+        .port();
+    let metrics_port = metrics_listener
+        .local_addr()
+        .map_err(Error::io("reading the metrics listener's port"))?
         .port();
     let api_addr = SocketAddr::V4(plan.api_addr());
     let cluster = simkube::Cluster::builder()
@@ -98,7 +105,16 @@ async fn serve(
     let client = cluster.client();
     bootstrap(&client, &plan).await?;
     let shutdown = CancellationToken::new();
-    let dns = start_dns(client.clone(), &plan, shutdown.clone()).await?;
+    let dns_metrics = simkube_dns::Metrics::default();
+    let agent_metrics = crate::metrics::AgentMetrics::default();
+    let metrics = crate::metrics::serve(
+        metrics_listener,
+        &agent_metrics,
+        &dns_metrics,
+        shutdown.clone(),
+    )
+    .map_err(Error::io("serving /metrics"))?;
+    let dns = start_dns(client.clone(), &plan, dns_metrics, shutdown.clone()).await?;
     let ca_pem = cluster
         .ca_pem()
         .expect("invariant: the daemon's cluster serves TLS");
@@ -142,6 +158,7 @@ async fn serve(
             state: state.clone(),
             record: record.clone(),
             node,
+            metrics: agent_metrics.clone(),
         };
         agents.push(tokio::spawn(supervisor.run(shutdown.clone())));
     }
@@ -150,6 +167,7 @@ async fn serve(
         &DaemonRecord {
             pid: std::process::id(),
             host_port,
+            metrics_port: Some(metrics_port),
         },
     )?;
     wait_for_signal().await?;
@@ -158,11 +176,10 @@ async fn serve(
     for agent in agents {
         let _ = agent.await;
     }
-    if let Some(dns) = dns
-        && let Ok(Err(error)) = dns.await
-    {
+    if let Ok(Err(error)) = dns.await {
         tracing::warn!(%error, "the DNS server ended with an error");
     }
+    let _ = metrics.await;
     cluster.shutdown().await;
     tracing::info!("stopped");
     Ok(())
@@ -249,8 +266,9 @@ async fn bootstrap(client: &kube::Client, plan: &Plan) -> Result<(), Error> {
 async fn start_dns(
     client: kube::Client,
     plan: &Plan,
+    metrics: simkube_dns::Metrics,
     shutdown: CancellationToken,
-) -> Result<Option<tokio::task::JoinHandle<Result<(), simkube_dns::DnsError>>>, Error> {
+) -> Result<tokio::task::JoinHandle<Result<(), simkube_dns::DnsError>>, Error> {
     let addr = SocketAddr::new(IpAddr::V4(plan.gateway()), 53);
     let udp = tokio::net::UdpSocket::bind(addr)
         .await
@@ -260,12 +278,13 @@ async fn start_dns(
         .map_err(Error::io(format!("binding the DNS server to {addr}/tcp")))?;
     let config = simkube_dns::DnsConfig {
         domain: topology::CLUSTER_DOMAIN.to_owned(),
+        metrics,
         ..simkube_dns::DnsConfig::default()
     };
     tracing::info!(%addr, "cluster DNS listening");
-    Ok(Some(tokio::spawn(simkube_dns::serve(
+    Ok(tokio::spawn(simkube_dns::serve(
         client, config, udp, tcp, shutdown,
-    ))))
+    )))
 }
 
 /// Runs and restarts the agent of one node.
@@ -274,6 +293,7 @@ struct Supervisor {
     state: StateDir,
     record: ClusterRecord,
     node: NodePlan,
+    metrics: crate::metrics::AgentMetrics,
 }
 
 impl Supervisor {
@@ -332,11 +352,17 @@ impl Supervisor {
     async fn run(self, shutdown: CancellationToken) {
         let mut backoff = RESTART_INITIAL;
         let node = self.node.name.clone();
+        let labels = crate::metrics::AgentMetrics::labels(&node);
         loop {
             if shutdown.is_cancelled() {
                 return;
             }
-            if self.stopped_by_request() {
+            let stopped = self.stopped_by_request();
+            self.metrics
+                .stopped
+                .get_or_create(&labels)
+                .set(i64::from(stopped));
+            if stopped {
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(Duration::from_millis(250)) => continue,
@@ -355,7 +381,10 @@ impl Supervisor {
                 }
             };
             let started = Instant::now();
-            match self.watch(child, &shutdown).await {
+            self.metrics.up.get_or_create(&labels).set(1);
+            let exit = self.watch(child, &shutdown).await;
+            self.metrics.up.get_or_create(&labels).set(0);
+            match exit {
                 Exit::Shutdown => return,
                 Exit::Requested => {
                     tracing::info!(%node, "node agent stopped by request; not restarting");
@@ -363,6 +392,7 @@ impl Supervisor {
                     continue;
                 }
                 Exit::Crashed(status) => {
+                    self.metrics.restarts.get_or_create(&labels).inc();
                     if started.elapsed() > RESTART_RESET {
                         backoff = RESTART_INITIAL;
                     }

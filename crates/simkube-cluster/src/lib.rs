@@ -11,6 +11,7 @@
 
 pub mod daemon;
 mod error;
+pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod proc;

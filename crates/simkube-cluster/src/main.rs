@@ -250,6 +250,9 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             println!("cluster {name} is up (index {})", summary.record.index);
             println!("  API server:  {}", summary.url);
             println!("  nodes:       {}", summary.nodes.join(", "));
+            if let Some(metrics) = &summary.metrics_url {
+                println!("  daemon:      {metrics}/metrics, {metrics}/healthz");
+            }
             println!("  kubeconfig:  {kubeconfig}");
             println!("  logs:        {}", state.state_dir.join(&name).display());
             println!("use it:   kubectl --kubeconfig {kubeconfig} get nodes");

@@ -55,6 +55,8 @@ pub struct UpSummary {
     pub url: String,
     /// Node names.
     pub nodes: Vec<String>,
+    /// The daemon's `/metrics` and `/healthz` (`http://127.0.0.1:<port>`).
+    pub metrics_url: Option<String>,
     /// Where the kubeconfig was written.
     pub kubeconfig: PathBuf,
 }
@@ -295,6 +297,9 @@ fn wait_ready(
         record: record.clone(),
         url,
         nodes: expected,
+        metrics_url: daemon
+            .metrics_port
+            .map(|port| format!("http://127.0.0.1:{port}")),
         kubeconfig: options.kubeconfig_out.clone(),
     })
 }

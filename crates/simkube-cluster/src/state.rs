@@ -76,6 +76,9 @@ pub struct DaemonRecord {
     pub pid: u32,
     /// Port of the admin listener on 127.0.0.1 in the host namespace.
     pub host_port: u16,
+    /// Port of the daemon's `/metrics` and `/healthz` on 127.0.0.1 in the host namespace.
+    #[serde(default)]
+    pub metrics_port: Option<u16>,
 }
 
 /// A state directory.

@@ -203,6 +203,24 @@ fn eventually<T>(what: &str, timeout: Duration, mut probe: impl FnMut() -> Resul
     }
 }
 
+/// A plain HTTP/1.0 GET on 127.0.0.1; the body of a 200 answer.
+fn http_get(port: u16, path: &str) -> Result<String, String> {
+    use std::io::{Read as _, Write as _};
+    let mut stream =
+        std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    let (head, body) = answer.split_once("\r\n\r\n").ok_or(answer.clone())?;
+    if head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200") {
+        Ok(body.to_owned())
+    } else {
+        Err(answer)
+    }
+}
+
 fn pid_alive(pid: u32) -> bool {
     simkube_cluster::proc::cmdline(pid).is_some()
 }
@@ -264,6 +282,17 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill the agent");
+    let metrics = StateDir::new(env.state_dir())
+        .read_daemon(&name)
+        .expect("readable")
+        .and_then(|d| d.metrics_port)
+        .expect("the daemon serves metrics");
+    let restarts = format!("simkube_cluster_node_agent_restarts_total{{node=\"{name}-node-1\"}} 1");
+    eventually("the restart is counted", Duration::from_secs(20), || {
+        let body = http_get(metrics, "/metrics")?;
+        body.contains(&restarts).then_some(()).ok_or(body)
+    });
+    assert!(http_get(metrics, "/healthz").is_ok_and(|b| b.ends_with("ok")));
     let restarted = eventually(
         "the crashed agent is restarted",
         Duration::from_secs(20),
