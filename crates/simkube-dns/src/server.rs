@@ -1,6 +1,7 @@
 //! The IO around the pure schema: two reflectors keep Services and EndpointSlices in memory,
 //! and a hickory request handler answers each parsed query from them. hickory owns the wire
-//! format, the UDP and TCP listeners, and truncation to the client's payload size.
+//! format, the UDP and TCP listeners, and truncation to the client's EDNS payload size; the
+//! 512-byte limit of clients without EDNS is kept here, as hickory allows them more.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
@@ -125,8 +126,12 @@ where
 {
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
-        // Managed fields are most of an object's size and no answer reads them.
-        .modify(|object: &mut K| object.managed_fields_mut().clear())
+        // Managed fields and annotations (kubectl's last-applied copy) are most of an object's
+        // size, and no answer reads them.
+        .modify(|object: &mut K| {
+            object.managed_fields_mut().clear();
+            object.annotations_mut().clear();
+        })
         .reflect(writer);
     let mut stream = std::pin::pin!(stream);
     while let Some(event) = stream.next().await {
