@@ -275,3 +275,25 @@ async fn switched_off_it_evicts_nothing() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!evicted(&pods, "stays").await);
 }
+
+#[tokio::test]
+async fn a_replaced_pod_keeps_its_default_tolerations() {
+    let (_cluster, client) = start(Controllers::none()).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let created = pods
+        .create(&PostParams::default(), &pod("replaced", json!({})))
+        .await
+        .expect("create");
+    // The stored pod written back without its tolerations: the plugin admits updates too, so
+    // they come back (and the update is no forbidden removal of tolerations).
+    let mut manifest = created.clone();
+    manifest.spec.as_mut().expect("spec").tolerations = None;
+    let replaced = pods
+        .replace("replaced", &PostParams::default(), &manifest)
+        .await
+        .expect("replace");
+    assert_eq!(
+        replaced.spec.and_then(|s| s.tolerations).map(|t| t.len()),
+        Some(2)
+    );
+}

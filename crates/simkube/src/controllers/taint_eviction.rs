@@ -40,9 +40,9 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How often the state is looked at even when nothing changed.
 const RESYNC: Duration = Duration::from_secs(5);
 
-/// `DefaultTolerationSeconds` admission, applied to a pod being created: unless the pod already
-/// tolerates the `NoExecute` `not-ready` (`unreachable`) taint, it gets a toleration of it for
-/// [`DEFAULT_TOLERATION_SECONDS`].
+/// `DefaultTolerationSeconds` admission, applied to a pod being created or updated: unless the
+/// pod already tolerates the `NoExecute` `not-ready` (`unreachable`) taint, it gets a toleration
+/// of it for [`DEFAULT_TOLERATION_SECONDS`].
 pub fn default_toleration_seconds(pod: &mut Value) {
     if !pod["spec"].is_object() {
         return;

@@ -818,6 +818,10 @@ fn admit_update(
     new: &mut Value,
 ) -> Result<(), ApiError> {
     let rt = &ctx.rt;
+    if rt.group.is_empty() && rt.plural == "pods" {
+        // The plugin admits updates too: a replaced pod keeps its default tolerations.
+        crate::controllers::taint_eviction::default_toleration_seconds(new);
+    }
     if rt.group.is_empty() && rt.plural == "services" {
         crate::service_alloc::drop_type_dependent_fields(old, new);
         let this = obj_key(old);
