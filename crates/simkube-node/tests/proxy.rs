@@ -433,6 +433,40 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
             )
             .await;
 
+            // loadBalancerSourceRanges without the underlay: its connections are dropped
+            // (a time-out, not a refusal); with it, answered again.
+            let ranges = |r: &str| Patch::Merge(json!({"spec": {"loadBalancerSourceRanges": [r]}}));
+            services
+                .patch("echo", &PatchParams::default(), &ranges("198.18.98.0/24"))
+                .await
+                .expect("restrict sources");
+            in_netns(underlay_ns.clone(), move || {
+                let deadline = Instant::now() + patience(Duration::from_secs(20));
+                loop {
+                    match tcp_echo(via_lb) {
+                        Err((ErrorKind::TimedOut | ErrorKind::WouldBlock, _)) => return,
+                        other => assert!(
+                            Instant::now() < deadline,
+                            "a source outside the ranges still got {other:?}"
+                        ),
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+            .await;
+            services
+                .patch("echo", &PatchParams::default(), &ranges("198.18.99.0/24"))
+                .await
+                .expect("allow the underlay");
+            answers_from(
+                underlay_ns.clone(),
+                via_lb,
+                1,
+                "LB IP inside the ranges",
+                |_| true,
+            )
+            .await;
+
             // No endpoints: refused at once, not a time-out.
             deployments
                 .patch(

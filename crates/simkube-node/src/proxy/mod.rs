@@ -484,6 +484,16 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ProxyError> {
     validate(&config)?;
+    if let Some(own) = node.pod_cidr
+        && !config.cluster_cidr.contains(&own)
+    {
+        // Its pods would count as outsiders: masqueraded when leaving, masqueraded to services.
+        tracing::warn!(
+            pod_cidr = %own,
+            cluster_cidr = %config.cluster_cidr,
+            "this node's pod CIDR is outside the cluster CIDR the service proxy was given"
+        );
+    }
     let (services, s1) = watch_kind::<Service>(Api::all(client.clone()), 0);
     let (slices, s2) = watch_kind::<EndpointSlice>(Api::all(client.clone()), 1);
     let (nodes, s3) = watch_kind::<Node>(Api::all(client), 2);

@@ -83,6 +83,9 @@ pub struct ServiceInfo {
     pub internal_local: bool,
     /// `sessionAffinity: ClientIP` with its timeout in seconds.
     pub affinity_timeout: Option<u32>,
+    /// `spec.loadBalancerSourceRanges` (IPv4, merged): only these sources reach the
+    /// load-balancer IPs; empty means everyone.
+    pub source_ranges: Vec<Ipv4Net>,
 }
 
 /// One port of an EndpointSlice.
@@ -213,6 +216,18 @@ impl ServiceInfo {
             external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
             internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
             affinity_timeout,
+            source_ranges: if kind == "LoadBalancer" {
+                let ranges: Vec<Ipv4Net> = spec
+                    .load_balancer_source_ranges
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.trim().parse::<Ipv4Net>().ok())
+                    .collect();
+                // Overlapping prefixes would make an invalid nftables interval set.
+                Ipv4Net::aggregate(&ranges)
+            } else {
+                Vec::new()
+            },
         })
     }
 }
@@ -304,6 +319,7 @@ mod tests {
                 "externalIPs": ["198.18.5.5", "fd00::1"],
                 "externalTrafficPolicy": "Local",
                 "sessionAffinity": "ClientIP",
+                "loadBalancerSourceRanges": ["198.18.0.0/16", "198.18.4.0/24 ", "10.1.0.0/16", "fd00::/8"],
                 "ports": [
                     {"name": "http", "port": 80, "targetPort": "web", "nodePort": 30080},
                     {"name": "dns", "port": 53, "protocol": "UDP", "nodePort": 30053},
@@ -320,6 +336,13 @@ mod tests {
         assert!(info.external_local);
         assert!(!info.internal_local);
         assert_eq!(info.affinity_timeout, Some(DEFAULT_AFFINITY_TIMEOUT));
+        assert_eq!(
+            info.source_ranges,
+            vec![
+                "10.1.0.0/16".parse::<Ipv4Net>().expect("cidr"),
+                "198.18.0.0/16".parse().expect("cidr")
+            ]
+        );
         assert_eq!(
             info.ports,
             vec![

@@ -16,7 +16,8 @@
 //!   needed and picks an endpoint with `numgen random` (after a ClientIP affinity lookup).
 //! - `filter-*` (priority -110, before DNAT): new connections to a service port with no usable
 //!   endpoint are rejected (TCP reset, ICMP port unreachable otherwise); after DNAT, a cluster
-//!   IP at a port it does not serve is rejected too.
+//!   IP at a port it does not serve is rejected too. New connections to a load-balancer IP from
+//!   outside its `loadBalancerSourceRanges` are dropped (`filter-prerouting`/`filter-output`).
 //! - `nat-postrouting`: marked packets (node ports, load-balancer and external IPs with the
 //!   Cluster policy, hairpin, non-pod sources reaching a cluster IP) are masqueraded; pod traffic
 //!   leaving the cluster CIDR is masqueraded to the node (as ip-masq-agent does).
@@ -231,6 +232,7 @@ struct Builder<'a> {
     node_ports: Elements,
     no_endpoint_services: Elements,
     no_endpoint_node_ports: Elements,
+    firewall_ips: Elements,
     cluster_ips: BTreeSet<Ipv4Addr>,
     affinity_sets: Vec<(String, u32)>,
     chains: Vec<Chain>,
@@ -344,6 +346,27 @@ impl Builder<'_> {
         self.cluster_ips.extend(&service.cluster_ips);
         let ip_key = |ip: &Ipv4Addr| format!("{ip} . {proto} . {}", port.port);
         let node_port_key = |n: u16| format!("{proto} . {n}");
+        if !service.source_ranges.is_empty() && !service.load_balancer_ips.is_empty() {
+            // Before anything else, endpoints or not: an outsider learns nothing.
+            let name = chain_name("firewall", &key);
+            let ranges: Vec<String> = service
+                .source_ranges
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            for ip in &service.load_balancer_ips {
+                self.firewall_ips.add(
+                    ip_key(ip),
+                    &display,
+                    format!("goto {name}"),
+                    &mut self.warnings,
+                );
+            }
+            self.chains.push(Chain {
+                name,
+                rules: vec![format!("ip saddr != {{ {} }} drop", ranges.join(", "))],
+            });
+        }
 
         if eps.cluster.is_empty() {
             // No endpoint anywhere: refuse fast instead of letting clients time out.
@@ -485,6 +508,7 @@ pub fn plan(input: &ProxyInput) -> Plan {
         node_ports: Elements::default(),
         no_endpoint_services: Elements::default(),
         no_endpoint_node_ports: Elements::default(),
+        firewall_ips: Elements::default(),
         cluster_ips: BTreeSet::new(),
         affinity_sets: Vec::new(),
         chains: Vec::new(),
@@ -562,6 +586,8 @@ fn render(b: &mut Builder<'_>) -> String {
         .render(&mut out, &format!("no-endpoint-services {addr_map}"));
     b.no_endpoint_node_ports
         .render(&mut out, &format!("no-endpoint-nodeports {port_map}"));
+    b.firewall_ips
+        .render(&mut out, &format!("firewall-ips {addr_map}"));
 
     let base = |out: &mut String, name: &str, hook: &str, rules: &[String]| {
         let _ = writeln!(out, "\tchain {name} {{\n\t\t{hook}; policy accept;");
@@ -571,6 +597,12 @@ fn render(b: &mut Builder<'_>) -> String {
         out.push_str("\t}\n");
     };
     let new = "ct state new jump";
+    base(
+        &mut out,
+        "filter-prerouting",
+        "type filter hook prerouting priority -110",
+        &[format!("{new} firewall-check")],
+    );
     base(
         &mut out,
         "filter-input",
@@ -593,7 +625,10 @@ fn render(b: &mut Builder<'_>) -> String {
         &mut out,
         "filter-output",
         "type filter hook output priority -110",
-        &[format!("{new} service-endpoints-check")],
+        &[
+            format!("{new} service-endpoints-check"),
+            format!("{new} firewall-check"),
+        ],
     );
     base(
         &mut out,
@@ -643,6 +678,10 @@ fn render(b: &mut Builder<'_>) -> String {
         Chain {
             name: "service-endpoints-check".to_owned(),
             rules: vec!["ip daddr . meta l4proto . th dport vmap @no-endpoint-services".to_owned()],
+        },
+        Chain {
+            name: "firewall-check".to_owned(),
+            rules: vec!["ip daddr . meta l4proto . th dport vmap @firewall-ips".to_owned()],
         },
         Chain {
             name: "cluster-ips-check".to_owned(),

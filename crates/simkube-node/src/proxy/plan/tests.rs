@@ -47,6 +47,7 @@ fn service(ns: &str, name: &str, cluster_ip: &str, ports: &[(&str, Protocol, u16
         external_local: false,
         internal_local: false,
         affinity_timeout: None,
+        source_ranges: Vec::new(),
     }
 }
 
@@ -95,6 +96,7 @@ fn varying(plan: &Plan) -> String {
             "\tchain service-endpoints-check ",
             "\tchain reject-chain ",
             "\tchain cluster-ips-check ",
+            "\tchain firewall-check ",
             "\tchain mark-for-masquerade ",
             "\tchain masquerading ",
         ];
@@ -181,6 +183,7 @@ fn no_endpoints_case() -> ProxyInput {
     let mut svc = service("shop", "cart", "10.96.3.3", &[("", Protocol::Tcp, 80)]);
     svc.ports[0].node_port = Some(30080);
     svc.load_balancer_ips = vec![ip("198.19.1.10")];
+    svc.source_ranges = vec!["198.18.0.0/15".parse().expect("cidr")];
     let mut not_ready = ready("10.244.1.8", NODE);
     not_ready.ready = false;
     not_ready.serving = false;
@@ -322,6 +325,13 @@ fn fixed_part_of_the_table() {
         	map no-endpoint-nodeports {
         		type inet_proto . inet_service : verdict
         	}
+        	map firewall-ips {
+        		type ipv4_addr . inet_proto . inet_service : verdict
+        	}
+        	chain filter-prerouting {
+        		type filter hook prerouting priority -110; policy accept;
+        		ct state new jump firewall-check
+        	}
         	chain filter-input {
         		type filter hook input priority -110; policy accept;
         		ct state new jump nodeport-endpoints-check
@@ -335,6 +345,7 @@ fn fixed_part_of_the_table() {
         	chain filter-output {
         		type filter hook output priority -110; policy accept;
         		ct state new jump service-endpoints-check
+        		ct state new jump firewall-check
         	}
         	chain filter-output-post-dnat {
         		type filter hook output priority -90; policy accept;
@@ -362,6 +373,9 @@ fn fixed_part_of_the_table() {
         	}
         	chain service-endpoints-check {
         		ip daddr . meta l4proto . th dport vmap @no-endpoint-services
+        	}
+        	chain firewall-check {
+        		ip daddr . meta l4proto . th dport vmap @firewall-ips
         	}
         	chain cluster-ips-check {
         		ip daddr @cluster-ips goto reject-chain
@@ -414,6 +428,9 @@ fn cluster_ip_service_balances_over_ready_endpoints() {
             }
             map no-endpoint-nodeports {
             	type inet_proto . inet_service : verdict
+            }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
             }
             chain cluster-LDEH6GMI-default/web/udp/udp {
             	goto endpoint-NJKJCXOP-default/web/udp/udp__10.244.1.5/5353
@@ -485,6 +502,15 @@ fn service_without_ready_endpoints_is_refused() {
             		tcp . 30080 comment "shop/cart" : goto reject-chain
             	}
             }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            	elements = {
+            		198.19.1.10 . tcp . 80 comment "shop/cart" : goto firewall-574JDAYF-shop/cart/tcp/
+            	}
+            }
+            chain firewall-574JDAYF-shop/cart/tcp/ {
+            	ip saddr != { 198.18.0.0/15 } drop
+            }
         "#]],
     );
 }
@@ -518,6 +544,9 @@ fn external_traffic_policy_local_keeps_external_traffic_on_local_endpoints() {
             }
             map no-endpoint-nodeports {
             	type inet_proto . inet_service : verdict
+            }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
             }
             chain cluster-CZ2JBLK4-edge/gw/udp/wg {
             	numgen random mod 2 vmap { 0 : goto endpoint-DDBWVPU7-edge/gw/udp/wg__10.244.1.2/51820, 1 : goto endpoint-SB3TSFOG-edge/gw/udp/wg__10.244.2.2/51820 }
@@ -572,6 +601,9 @@ fn terminating_but_serving_endpoints_are_used_when_none_is_ready() {
             map no-endpoint-nodeports {
             	type inet_proto . inet_service : verdict
             }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
+            }
             chain cluster-J4BJXQXN-default/old/tcp/ {
             	goto endpoint-ZAGE623T-default/old/tcp/__10.244.1.3/80
             }
@@ -622,6 +654,9 @@ fn client_ip_affinity_and_internal_traffic_policy_local() {
             }
             map no-endpoint-nodeports {
             	type inet_proto . inet_service : verdict
+            }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
             }
             chain cluster-B3YODSRX-default/sticky/tcp/ {
             	ip saddr @affinity-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080 goto endpoint-YHJ2X64O-default/sticky/tcp/__10.244.1.2/8080
@@ -682,6 +717,9 @@ fn conflicting_addresses_and_sctp_are_reported() {
             }
             map no-endpoint-nodeports {
             	type inet_proto . inet_service : verdict
+            }
+            map firewall-ips {
+            	type ipv4_addr . inet_proto . inet_service : verdict
             }
             chain cluster-MK3GGTGU-a/one/tcp/ {
             	goto endpoint-LGMVDOVN-a/one/tcp/__10.244.1.2/80
@@ -859,6 +897,11 @@ fn arb_case() -> impl Strategy<Value = ProxyInput> {
                 external_local: ext_local,
                 internal_local: int_local,
                 affinity_timeout: affinity.then_some(60),
+                source_ranges: if ext_local {
+                    vec!["198.18.0.0/15".parse().expect("cidr")]
+                } else {
+                    Vec::new()
+                },
             },
         );
     let slice = (0u8..6, prop::collection::vec(endpoint, 0..5), any::<bool>()).prop_map(
