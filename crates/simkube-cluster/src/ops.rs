@@ -89,6 +89,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
             options.service_cidr
         )));
     }
+    require_root()?;
     let state = StateDir::new(&options.state_dir);
     let lock = state.lock()?;
     clean_previous(&state, &options.name, progress)?;
@@ -413,10 +414,30 @@ fn teardown(
     state.remove_cluster(&record.name)
 }
 
+/// Network namespaces, veths and bridges need CAP_SYS_ADMIN and CAP_NET_ADMIN.
+fn require_root() -> Result<(), Error> {
+    // The effective UID is the second field of `Uid:` (no unsafe libc call needed).
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_owned));
+    if euid.as_deref() == Some("0") {
+        Ok(())
+    } else {
+        Err(Error::Invalid(
+            "simulated clusters create network namespaces and bridges: run simkube cluster as \
+             root (e.g. with sudo)"
+                .to_owned(),
+        ))
+    }
+}
+
 /// Brings cluster `name` down. `Ok(false)`: there was no such cluster (stray namespaces of
 /// that name are still removed).
 pub fn down(state_dir: &Path, name: &str, progress: &mut dyn FnMut(&str)) -> Result<bool, Error> {
     topology::validate_name(name)?;
+    require_root()?;
     let state = StateDir::new(state_dir);
     let _lock = state.lock()?;
     let Some(record) = state.read_record(name)? else {
