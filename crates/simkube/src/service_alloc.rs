@@ -347,9 +347,20 @@ impl ServiceAllocator {
 }
 
 /// On update, a Service leaving NodePort/LoadBalancer drops the node ports it carried over
-/// unchanged from the old object (the real server's `dropTypeDependentFields`), so they are
-/// released; ports the client set anew are kept and then validated.
+/// unchanged from the old object, and one turning ExternalName its carried-over ClusterIP (the
+/// real server's `dropTypeDependentFields`), so they are released; values the client set anew
+/// are kept and then validated.
 pub fn drop_type_dependent_fields(old: &Value, new: &mut Value) {
+    let external = |v: &Value| v["spec"]["type"].as_str() == Some("ExternalName");
+    if external(new) && !external(old) {
+        for key in ["clusterIP", "clusterIPs"] {
+            if new["spec"][key] == old["spec"][key]
+                && let Some(spec) = new["spec"].as_object_mut()
+            {
+                spec.remove(key);
+            }
+        }
+    }
     let uses_node_ports = |v: &Value| {
         matches!(
             v["spec"]["type"].as_str(),
@@ -497,6 +508,19 @@ mod tests {
                     .expect("v4")
             )
         );
+    }
+
+    #[test]
+    fn turning_external_name_drops_the_carried_over_cluster_ip() {
+        let old = json!({"spec": {"type": "ClusterIP", "clusterIP": "10.96.0.7",
+            "clusterIPs": ["10.96.0.7"], "ports": [{"port": 80}]}});
+        let mut new = json!({"spec": {"type": "ExternalName", "externalName": "example.com",
+            "clusterIP": "10.96.0.7", "clusterIPs": ["10.96.0.7"], "ports": [{"port": 80}]}});
+        drop_type_dependent_fields(&old, &mut new);
+        assert!(new["spec"].get("clusterIP").is_none() && new["spec"].get("clusterIPs").is_none());
+        let mut stays = json!({"spec": {"type": "ClusterIP", "clusterIP": "10.96.0.7"}});
+        drop_type_dependent_fields(&old, &mut stays);
+        assert_eq!(stays["spec"]["clusterIP"], "10.96.0.7");
     }
 
     #[test]

@@ -298,3 +298,41 @@ async fn changing_the_type_allocates_validates_and_releases_node_ports() {
     .expect("the released port");
     assert_eq!(node_ports(&api, "other").await, [Some(port)]);
 }
+
+#[tokio::test]
+async fn external_name_gives_its_cluster_ip_back_and_returning_gets_one() {
+    let cluster = simkube::Cluster::builder().start().await.expect("start");
+    let api: Api<Service> = Api::default_namespaced(cluster.client());
+    api.create(&PostParams::default(), &service("db", Some("10.96.0.77")))
+        .await
+        .expect("create");
+    let external = merge(
+        &api,
+        "db",
+        json!({"spec": {"type": "ExternalName", "externalName": "db.example.com"}}),
+    )
+    .await
+    .expect("to ExternalName");
+    assert_eq!(external.spec.expect("spec").cluster_ip, None);
+    // The address is free again.
+    api.create(
+        &PostParams::default(),
+        &service("reuse", Some("10.96.0.77")),
+    )
+    .await
+    .expect("10.96.0.77 released");
+    let back = merge(
+        &api,
+        "db",
+        json!({"spec": {"type": "ClusterIP", "externalName": null}}),
+    )
+    .await
+    .expect("back to ClusterIP");
+    let ip = back
+        .spec
+        .expect("spec")
+        .cluster_ip
+        .expect("a ClusterIP again");
+    assert_ne!(ip, "10.96.0.77");
+    assert!(ip.starts_with("10."), "{ip}");
+}
