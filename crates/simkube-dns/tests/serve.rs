@@ -529,3 +529,29 @@ async fn failing_watches_answer_servfail_never_nxdomain() {
     assert!(text.contains(r#"simkube_dns_queries_total{type="A",rcode="SERVFAIL"}"#));
     dns.stop().await;
 }
+
+#[tokio::test]
+async fn an_invalid_domain_is_an_error_naming_it() {
+    let cluster = simkube::Cluster::builder()
+        .start()
+        .await
+        .expect("start simkube");
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind udp");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind tcp");
+    let config = DnsConfig {
+        domain: ".".to_owned(),
+        ..DnsConfig::default()
+    };
+    let error = simkube_dns::serve(cluster.client(), config, udp, tcp, CancellationToken::new())
+        .await
+        .expect_err("the root zone is refused");
+    assert_eq!(
+        error.to_string(),
+        r#"invalid cluster domain ".": the root zone would swallow every name; use a DNS name such as cluster.local"#
+    );
+    cluster.shutdown().await;
+}
