@@ -381,6 +381,18 @@ fn kubectl_exec_runs_commands_inside_the_container() {
                 .expect("wait");
             drop(stdin);
             assert_eq!(status.code(), Some(5), "kubectl exec -it exit code");
+
+            // A working directory gone from the container is named as such.
+            let moved = work.path().with_extension("moved");
+            std::fs::rename(work.path(), &moved).expect("move the working dir away");
+            let out = kubectl.run(&["exec", "shell", "--", "true"], None).await;
+            std::fs::rename(&moved, work.path()).expect("put the working dir back");
+            assert!(!out.status.success());
+            assert!(
+                text(&out.stderr).contains("does not exist in the container"),
+                "{}",
+                text(&out.stderr)
+            );
         },
     );
 }

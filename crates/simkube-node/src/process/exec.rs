@@ -10,6 +10,7 @@ use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -239,6 +240,26 @@ pub fn spawn_in_container(
         .split_first()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
     let namespaces = open_namespaces(target)?;
+    // The container's file system as its processes see it, to name a missing working directory
+    // here rather than as a bare ENOENT from the child.
+    let seen = Path::new("/proc")
+        .join(target.pid.to_string())
+        .join("root")
+        .join(
+            target
+                .working_dir
+                .strip_prefix("/")
+                .unwrap_or(&target.working_dir),
+        );
+    if !seen.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "working directory {} does not exist in the container",
+                target.working_dir.display()
+            ),
+        ));
+    }
     let working_dir = CString::new(target.working_dir.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "working dir has a NUL byte"))?;
     let mut command = std::process::Command::new(program);
