@@ -910,7 +910,7 @@ impl ContainerProber {
                         "probe failed"
                     );
                 }
-                for decision in self.probes.record(spec.kind, &outcome, began, ended) {
+                for decision in self.probes.record(spec.kind, &outcome, ended) {
                     match decision {
                         Decision::Unhealthy { kind, message } => {
                             let message = format!("{} probe failed: {message}", kind.title());

@@ -434,6 +434,16 @@ impl Worker {
         let ticks = at.as_nanos().div_ceil(period);
         Duration::from_nanos(u64::try_from(ticks.saturating_mul(period)).unwrap_or(u64::MAX))
     }
+
+    /// The first tick strictly after `at` (and not before the initial delay).
+    fn tick_after(&self, at: Duration) -> Duration {
+        let tick = self.tick_at_or_after(at);
+        if tick > at {
+            tick
+        } else {
+            self.tick_at_or_after(at + Duration::from_nanos(1))
+        }
+    }
 }
 
 /// The probes of one run of one container (a restarted container gets a fresh one, as the
@@ -514,15 +524,9 @@ impl ContainerProbes {
             .min()
     }
 
-    /// Records the result of an attempt of `kind` that started at `began` and ended at `now`;
-    /// returns what the agent must do, in order.
-    pub fn record(
-        &mut self,
-        kind: ProbeKind,
-        outcome: &Outcome,
-        began: Duration,
-        now: Duration,
-    ) -> Vec<Decision> {
+    /// Records the result of the attempt of `kind` that was due, ending at `now`; returns what
+    /// the agent must do, in order.
+    pub fn record(&mut self, kind: ProbeKind, outcome: &Outcome, now: Duration) -> Vec<Decision> {
         let mut decisions = Vec::new();
         let was = (self.started(), self.ready());
         let Some(index) = self.workers.iter().position(|w| w.spec.kind == kind) else {
@@ -533,13 +537,10 @@ impl ContainerProbes {
             return decisions;
         }
         let worker = &mut self.workers[index];
-        // The ticker drops ticks that pass while an attempt runs.
-        let next = worker.tick_at_or_after(began + worker.spec.timing.period);
-        worker.due = if next <= now {
-            worker.tick_at_or_after(now)
-        } else {
-            next
-        };
+        // Ticks keep their rhythm whenever an attempt ran; like Go's ticker, one tick that
+        // passed while the attempt ran fires at once and any others are dropped.
+        let next = worker.tick_after(worker.due);
+        worker.due = if next <= now { now } else { next };
         let passed = matches!(outcome, Outcome::Success);
         if let Outcome::Failure(message) = outcome {
             decisions.push(Decision::Unhealthy {
@@ -610,38 +611,46 @@ mod tests {
 
     /// Runs the probes for `seconds`, answering each due attempt from `results` (per kind, in
     /// order; `+` success, `-` failure, the last one repeats), and writes one line per second
-    /// in which something happened.
+    /// in which something happened. Attempts take no time, and an attempt that falls due
+    /// because of another's result runs in the same second, as the prober loops at once.
     fn simulate(specs: Vec<ProbeSpec>, results: &[(ProbeKind, &str)], seconds: u64) -> String {
         let mut probes = ContainerProbes::new(specs);
         let mut used: Vec<usize> = vec![0; results.len()];
         let mut out = String::new();
         for t in 0..=seconds {
             let now = Duration::from_secs(t);
-            let due: Vec<ProbeKind> = probes.due(now).iter().map(|s| s.kind).collect();
             let mut line = Vec::new();
-            for kind in due {
-                let i = results
-                    .iter()
-                    .position(|(k, _)| *k == kind)
-                    .expect("answers");
-                let script = results[i].1.as_bytes();
-                let c = script[used[i].min(script.len() - 1)];
-                used[i] += 1;
-                let outcome = if c == b'+' {
-                    Outcome::Success
-                } else {
-                    Outcome::Failure("refused".into())
-                };
-                line.push(format!("{}{}", kind.lower(), c as char));
-                for d in probes.record(kind, &outcome, now, now) {
-                    match d {
-                        Decision::Unhealthy { .. } => {}
-                        Decision::StatusChanged => line.push(format!(
-                            "started={} ready={}",
-                            probes.started(),
-                            probes.ready()
-                        )),
-                        Decision::Kill { kind, .. } => line.push(format!("KILL({})", kind.lower())),
+            for _round in 0..3 {
+                let due: Vec<ProbeKind> = probes.due(now).iter().map(|s| s.kind).collect();
+                if due.is_empty() {
+                    break;
+                }
+                for kind in due {
+                    let i = results
+                        .iter()
+                        .position(|(k, _)| *k == kind)
+                        .expect("answers");
+                    let script = results[i].1.as_bytes();
+                    let c = script[used[i].min(script.len() - 1)];
+                    used[i] += 1;
+                    let outcome = if c == b'+' {
+                        Outcome::Success
+                    } else {
+                        Outcome::Failure("refused".into())
+                    };
+                    line.push(format!("{}{}", kind.lower(), c as char));
+                    for d in probes.record(kind, &outcome, now) {
+                        match d {
+                            Decision::Unhealthy { .. } => {}
+                            Decision::StatusChanged => line.push(format!(
+                                "started={} ready={}",
+                                probes.started(),
+                                probes.ready()
+                            )),
+                            Decision::Kill { kind, .. } => {
+                                line.push(format!("KILL({})", kind.lower()))
+                            }
+                        }
                     }
                 }
             }
@@ -813,8 +822,8 @@ mod tests {
             t= 1 startup-
             t= 2 startup-
             t= 3 startup-
-            t= 4 startup+ started=true ready=false
-            t= 5 readiness+ started=true ready=true
+            t= 4 startup+ started=true ready=false readiness+ started=true ready=true
+            t= 5 readiness+
             t= 6 liveness+
             t= 9 liveness+
             t=10 readiness+
@@ -846,9 +855,22 @@ mod tests {
         let mut probes = ContainerProbes::new(vec![spec(ProbeKind::Liveness, 2, 0, 1, 3)]);
         let d = Duration::from_secs;
         assert_eq!(probes.next_due(), Some(d(0)));
-        probes.record(ProbeKind::Liveness, &Outcome::Success, d(0), d(5));
+        // Ticks at 0, 2, 4, 6..: an attempt from 0 to 5 leaves one tick pending (due at once),
+        // and the rhythm goes on at 6.
+        probes.record(ProbeKind::Liveness, &Outcome::Success, d(5));
+        assert_eq!(probes.next_due(), Some(d(5)));
+        probes.record(
+            ProbeKind::Liveness,
+            &Outcome::Success,
+            d(5) + Duration::from_millis(10),
+        );
         assert_eq!(probes.next_due(), Some(d(6)));
-        probes.record(ProbeKind::Liveness, &Outcome::Success, d(6), d(7));
+        // A quick attempt: the next tick. One that starts late (a busy runtime) keeps the rhythm.
+        probes.record(
+            ProbeKind::Liveness,
+            &Outcome::Success,
+            d(6) + Duration::from_millis(30),
+        );
         assert_eq!(probes.next_due(), Some(d(8)));
     }
 
@@ -890,7 +912,7 @@ mod tests {
                 let due_before = probes.next_due();
                 let was_active = probes.due(Duration::MAX).iter().any(|s| s.kind == kind);
                 let outcome = if ok { Outcome::Success } else { Outcome::Failure("x".into()) };
-                let decisions = probes.record(kind, &outcome, now, now);
+                let decisions = probes.record(kind, &outcome, now);
                 if !was_active {
                     prop_assert!(decisions.is_empty());
                 }
