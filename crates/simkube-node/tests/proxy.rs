@@ -122,6 +122,33 @@ fn tcp_echo(addr: SocketAddr) -> Result<String, (ErrorKind, Duration)> {
     Ok(line.trim_end().to_owned())
 }
 
+/// Sends from `socket` to `addr` every 100 ms (one flow: same socket, same source port) until
+/// an answer comes from a pod `accept` likes; returns that answer.
+fn udp_until(socket: &UdpSocket, addr: SocketAddr, accept: impl Fn(&str) -> bool) -> String {
+    let deadline = Instant::now() + patience(Duration::from_secs(20));
+    let mut last = None;
+    loop {
+        socket.send_to(b"ping", addr).expect("send UDP");
+        let mut buf = [0u8; 2048];
+        match socket.recv(&mut buf) {
+            Ok(n) => {
+                let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
+                if accept(&answer_parts(&answer).0) {
+                    return answer;
+                }
+                last = Some(answer);
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => panic!("UDP receive: {e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "UDP to {addr}: no acceptable answer; last {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn udp_echo(addr: SocketAddr) -> std::io::Result<String> {
     let socket = UdpSocket::bind("0.0.0.0:0")?;
     socket.set_read_timeout(Some(Duration::from_secs(1)))?;
@@ -313,6 +340,7 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
         config.stats = stats.clone();
         config
     };
+    let stats_udp = stats.clone();
     fixture.run_with(
         fast_backoff(),
         |builder| {
@@ -466,6 +494,33 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
                 |_| true,
             )
             .await;
+
+            // A UDP client that never stops sending (like WireGuard) moves on when its endpoint
+            // goes: the stale conntrack entry is removed with the endpoint.
+            let via_lb_udp = SocketAddr::from((lb_ip, 53));
+            let (socket, first) = in_netns(underlay_ns.clone(), move || {
+                let socket = UdpSocket::bind("0.0.0.0:41053").expect("bind UDP client");
+                socket
+                    .set_read_timeout(Some(Duration::from_millis(200)))
+                    .expect("timeout");
+                let first = udp_until(&socket, via_lb_udp, |_| true);
+                (socket, first)
+            })
+            .await;
+            let gone = answer_parts(&first).0;
+            pods.delete(&gone, &DeleteParams::default())
+                .await
+                .expect("delete the answering pod");
+            let other = tokio::task::spawn_blocking(move || {
+                udp_until(&socket, via_lb_udp, |name| name != gone)
+            })
+            .await
+            .expect("UDP client");
+            eprintln!("UDP flow moved from {first:?} to {other:?}");
+            assert!(
+                stats_udp.conntrack_cleared() >= 1,
+                "no conntrack entry was removed"
+            );
 
             // No endpoints: refused at once, not a time-out.
             deployments

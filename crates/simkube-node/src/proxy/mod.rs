@@ -8,6 +8,7 @@
 //! only when the rendered script changed (or the table vanished), so an idle cluster costs one
 //! `nft list table` and one `ip route show` per resync.
 
+pub mod conntrack;
 pub mod model;
 pub mod plan;
 
@@ -130,6 +131,7 @@ pub struct ProxyStats {
     table_restores: Counter,
     route_changes: Counter,
     route_failures: Counter,
+    conntrack_cleared: Counter,
     service_ports: Gauge,
     endpoints: Gauge,
     routes: Gauge,
@@ -162,6 +164,11 @@ impl ProxyStats {
         self.route_failures.get()
     }
 
+    /// UDP conntrack entries removed because their endpoint left the rules.
+    pub fn conntrack_cleared(&self) -> u64 {
+        self.conntrack_cleared.get()
+    }
+
     /// Registers every metric under `simkube_proxy_*`.
     pub fn register(&self, registry: &mut Registry) {
         let sub = registry.sub_registry_with_prefix("simkube_proxy");
@@ -189,6 +196,11 @@ impl ProxyStats {
             "route_failures",
             "pod route commands that failed",
             self.route_failures.clone(),
+        );
+        sub.register(
+            "conntrack_cleared",
+            "UDP conntrack entries removed with their endpoint",
+            self.conntrack_cleared.clone(),
         );
         sub.register(
             "service_ports",
@@ -227,6 +239,9 @@ pub enum ProxyError {
         /// Its stderr or the OS error.
         message: String,
     },
+    /// Stale UDP conntrack entries could not be removed.
+    #[error("conntrack: {0}")]
+    Conntrack(String),
 }
 
 /// Which node the proxy serves.
@@ -279,6 +294,8 @@ struct State {
     slices: Store<EndpointSlice>,
     nodes: Store<Node>,
     applied: Option<String>,
+    /// UDP endpoints of the applied rules (`None` before the first apply of this run).
+    udp_targets: Option<BTreeSet<(Ipv4Addr, u16)>>,
     warnings: BTreeSet<String>,
 }
 
@@ -345,6 +362,7 @@ impl State {
                     "service proxy rules applied"
                 );
                 self.applied = Some(plan.script);
+                self.clear_stale_udp(plan.udp_targets);
                 true
             }
             Err(error) => {
@@ -435,6 +453,30 @@ impl State {
         ok
     }
 
+    /// Removes conntrack entries of UDP endpoints the new rules dropped (synchronously: the
+    /// netlink socket must be opened on this thread, in the node namespace).
+    fn clear_stale_udp(&mut self, now: BTreeSet<(Ipv4Addr, u16)>) {
+        let before = self.udp_targets.replace(now);
+        let Some(before) = before else { return };
+        let gone: Vec<(Ipv4Addr, u16)> = before
+            .difference(self.udp_targets.as_ref().expect("invariant: just set"))
+            .copied()
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        match conntrack::clear_udp_flows_to(&gone) {
+            Ok(n) => {
+                self.config
+                    .stats
+                    .conntrack_cleared
+                    .inc_by(u64::try_from(n).unwrap_or(0));
+                tracing::info!(endpoints = gone.len(), flows = n, "stale UDP flows removed");
+            }
+            Err(error) => tracing::warn!(%error, "cannot remove stale UDP flows"),
+        }
+    }
+
     /// Puts the table back if something deleted it.
     async fn check_table(&mut self) -> bool {
         if self.applied.is_none() {
@@ -506,6 +548,7 @@ pub async fn run(
         slices,
         nodes,
         applied: None,
+        udp_targets: None,
         warnings: BTreeSet::new(),
     };
     let debounce = state.config.debounce;

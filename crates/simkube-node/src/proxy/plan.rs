@@ -66,6 +66,9 @@ pub struct Plan {
     pub endpoints: usize,
     /// What was left out and why (SCTP, addresses claimed twice), sorted.
     pub warnings: Vec<String>,
+    /// Every UDP endpoint (address, port) the rules send to: when one disappears, its
+    /// conntrack entries must go too.
+    pub udp_targets: BTreeSet<(Ipv4Addr, u16)>,
 }
 
 /// One resolved endpoint of a service port.
@@ -237,6 +240,7 @@ struct Builder<'a> {
     affinity_sets: Vec<(String, u32)>,
     chains: Vec<Chain>,
     endpoint_chains: BTreeSet<String>,
+    udp_targets: BTreeSet<(Ipv4Addr, u16)>,
     warnings: Vec<String>,
     service_ports: usize,
 }
@@ -254,6 +258,9 @@ impl Builder<'_> {
         let name = endpoint_chain_name(key, target);
         if !self.endpoint_chains.insert(name.clone()) {
             return;
+        }
+        if proto == Protocol::Udp {
+            self.udp_targets.insert((target.ip, target.port));
         }
         let mut rules = vec![
             // Hairpin: a pod reaching itself through the Service must see the reply come
@@ -513,6 +520,7 @@ pub fn plan(input: &ProxyInput) -> Plan {
         affinity_sets: Vec::new(),
         chains: Vec::new(),
         endpoint_chains: BTreeSet::new(),
+        udp_targets: BTreeSet::new(),
         warnings: Vec::new(),
         service_ports: 0,
     };
@@ -543,6 +551,7 @@ pub fn plan(input: &ProxyInput) -> Plan {
         service_ports: b.service_ports,
         endpoints,
         warnings: b.warnings,
+        udp_targets: b.udp_targets,
     }
 }
 
