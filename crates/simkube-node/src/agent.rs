@@ -31,7 +31,7 @@ use crate::metrics::{Metrics, RestartReason};
 use crate::node_status::{self, NodeIdentity};
 use crate::pod_status::{self, ContainerPhase, ContainerRecord, PodRecord, Termination};
 use crate::pod_volumes::{self, PodVolumes, VolumeSettings};
-use crate::prober::{ContainerProber, EventRecorder, ProbeTarget, Step as ProbeStep};
+use crate::prober::{ContainerProber, EventRecorder, EventType, ProbeTarget, Step as ProbeStep};
 use crate::process::{ContainerProcess, Launch, Mount};
 use crate::sandbox::{self, SandboxNames};
 use crate::volumes::NodeResources;
@@ -803,6 +803,10 @@ impl Supervisor {
         );
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
+            // The logs of this run and the previous one are kept, as by the kubelet.
+            if let Err(error) = crate::container_log::prune(dir, restart - 1) {
+                tracing::warn!(dir = %dir.display(), %error, "cannot remove old container logs");
+            }
         }
         Ok(path)
     }
@@ -913,7 +917,7 @@ async fn supervise(s: Supervisor) {
     let mut record = ContainerRecord::new(&s.container.name, &image);
     let mut crashes = 0u32;
     let mut failures = 0u32;
-    let probe_events = EventRecorder::new(s.ctx.client.clone(), s.ctx.node());
+    let kubelet_events = EventRecorder::new(s.ctx.client.clone(), s.ctx.node());
     loop {
         let (argv, vars, mounts) = match s.prepare().await {
             Ok(ready) => ready,
@@ -992,7 +996,7 @@ async fn supervise(s: Supervisor) {
                         container: s.container.clone(),
                         running,
                     };
-                    ContainerProber::new(s.pod.clone(), target, probe_events.clone())
+                    ContainerProber::new(s.pod.clone(), target, kubelet_events.clone())
                 });
                 record.startup_passed = prober.as_ref().is_none_or(ContainerProber::started);
                 record.readiness_passed = prober.as_ref().is_none_or(ContainerProber::ready);
@@ -1082,6 +1086,28 @@ async fn supervise(s: Supervisor) {
             )),
         };
         s.send(&record).await;
+        // The kubelet's warning for a crash loop, counted per container like its others.
+        let field_path = match s.slot {
+            Slot::Init(_) => format!("spec.initContainers{{{}}}", s.container.name),
+            Slot::Main(_) => format!("spec.containers{{{}}}", s.container.name),
+        };
+        let meta = &s.pod.metadata;
+        let message = format!(
+            "Back-off restarting failed container {} in pod {}_{}({})",
+            s.container.name,
+            meta.name.as_deref().unwrap_or_default(),
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.uid.as_deref().unwrap_or_default()
+        );
+        kubelet_events
+            .record(
+                &s.pod,
+                Some(field_path),
+                EventType::Warning,
+                "BackOff",
+                &message,
+            )
+            .await;
         if s.pause(delay).await {
             return;
         }

@@ -153,7 +153,8 @@ fn crashing_container_backs_off_longer_each_time_and_counts_restarts() {
     }
     let fixture = Fixture::new("skp-crash");
     fixture.run(fast_backoff(), |client, node| async move {
-        let pods: Api<Pod> = Api::namespaced(client, "default");
+        let pods_client = &client;
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
         let spec = support::pod(
             "crasher",
             &node,
@@ -218,6 +219,18 @@ fn crashing_container_backs_off_longer_each_time_and_counts_restarts() {
             .and_then(|c| c.last_state.as_ref()?.terminated.clone())
             .expect("last termination");
         assert_eq!(last.exit_code, 3);
+        // One BackOff warning, counted at every back-off.
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let backoff = events(pods_client, "crasher", "BackOff").await;
+        assert_eq!(
+            backoff.first().map(|(m, _)| m.clone()),
+            Some(format!(
+                "Back-off restarting failed container main in pod crasher_default({uid})"
+            )),
+            "{backoff:?}"
+        );
+        assert_eq!(backoff.len(), 1, "{backoff:?}");
+        assert!(backoff[0].1 >= 4, "{backoff:?}");
     });
 }
 
