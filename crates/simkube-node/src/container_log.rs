@@ -6,7 +6,7 @@
 
 use std::io::Write as _;
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use jiff::Timestamp;
@@ -170,10 +170,43 @@ impl LineSplitter {
     }
 }
 
+/// Size at which the writer rotates a log file (the kubelet's default `containerLogMaxSize`).
+/// One rotated file (`<run>.log.1`) is kept; like the kubelet, `kubectl logs` reads only the
+/// current file.
+pub const MAX_FILE: u64 = 10 * 1024 * 1024;
+
+/// The rotated predecessor of log file `path`.
+pub fn rotated(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".1");
+    PathBuf::from(name)
+}
+
+/// Removes the log files (current and rotated) of runs before `keep_from` in a container's log
+/// directory: the kubelet keeps the logs of the running and the previous container only.
+pub fn prune(dir: &Path, keep_from: i32) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        let run = name
+            .strip_suffix(".log")
+            .or_else(|| name.strip_suffix(".log.1"))
+            .and_then(|n| n.parse::<i32>().ok());
+        if run.is_some_and(|run| run < keep_from) {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// The read ends of a container's stdout and stderr pipes, and the log file they go to.
 #[derive(Debug)]
 pub struct LogSink {
     file: std::fs::File,
+    path: PathBuf,
+    max_file: u64,
     stdout: OwnedFd,
     stderr: OwnedFd,
 }
@@ -182,16 +215,20 @@ impl LogSink {
     /// Opens (appending to) the log file at `path` and makes the two pipes; returns the sink
     /// and the write ends to give the container as its stdout and stderr.
     pub fn open(path: &Path) -> std::io::Result<(Self, Stdio, Stdio)> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)?;
+        Self::open_with_limit(path, MAX_FILE)
+    }
+
+    /// [`LogSink::open`] rotating the file at `max_file` bytes instead of [`MAX_FILE`].
+    pub fn open_with_limit(path: &Path, max_file: u64) -> std::io::Result<(Self, Stdio, Stdio)> {
+        let file = open_append(path)?;
         // Close-on-exec, so no other child inherits a write end and keeps the pipe open.
         let (stdout, stdout_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         let (stderr, stderr_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         Ok((
             Self {
                 file,
+                path: path.to_owned(),
+                max_file,
                 stdout,
                 stderr,
             },
@@ -205,12 +242,48 @@ impl LogSink {
     pub fn start(self) -> std::io::Result<tokio::task::JoinHandle<()>> {
         let stdout = tokio::net::unix::pipe::Receiver::from_owned_fd(self.stdout)?;
         let stderr = tokio::net::unix::pipe::Receiver::from_owned_fd(self.stderr)?;
-        Ok(tokio::spawn(copy(self.file, stdout, stderr)))
+        let out = Output {
+            written: self.file.metadata()?.len(),
+            file: self.file,
+            path: self.path,
+            max_file: self.max_file,
+        };
+        Ok(tokio::spawn(copy(out, stdout, stderr)))
+    }
+}
+
+fn open_append(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+}
+
+/// The log file being written, rotated when it grows past its limit.
+struct Output {
+    file: std::fs::File,
+    path: PathBuf,
+    max_file: u64,
+    written: u64,
+}
+
+impl Output {
+    /// Appends whole entries (a local append to the page cache: short enough to do on the
+    /// runtime thread).
+    fn write(&mut self, entries: &[u8]) -> std::io::Result<()> {
+        self.file.write_all(entries)?;
+        self.written += entries.len() as u64;
+        if self.written >= self.max_file {
+            std::fs::rename(&self.path, rotated(&self.path))?;
+            self.file = open_append(&self.path)?;
+            self.written = 0;
+        }
+        Ok(())
     }
 }
 
 async fn copy(
-    mut file: std::fs::File,
+    mut out: Output,
     stdout: tokio::net::unix::pipe::Receiver,
     stderr: tokio::net::unix::pipe::Receiver,
 ) {
@@ -243,11 +316,10 @@ async fn copy(
                 }
             }
         }
-        // A local append to the page cache: short enough to do on the runtime thread.
         if !line.is_empty()
-            && let Err(error) = file.write_all(&line)
+            && let Err(error) = out.write(&line)
         {
-            tracing::warn!(%error, "cannot write a container log entry");
+            tracing::warn!(%error, path = %out.path.display(), "cannot write container log entries");
         }
     }
 }
@@ -352,6 +424,45 @@ mod tests {
         assert_eq!(entries[1], (false, b"xxx".to_vec()));
         assert_eq!(splitter.finish(), Some(b"end".to_vec()));
         assert_eq!(splitter.finish(), None);
+    }
+
+    #[tokio::test]
+    async fn the_writer_rotates_at_its_limit_and_prune_keeps_two_runs() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("3.log");
+        let (sink, stdout, stderr) = LogSink::open_with_limit(&path, 200).expect("sink");
+        let status = std::process::Command::new("sh")
+            .args([
+                "-c",
+                "for i in 1 2 3 4 5 6 7 8 9 10; do echo line $i; done; echo err >&2",
+            ])
+            .stdout(stdout)
+            .stderr(stderr)
+            .status()
+            .expect("sh");
+        assert!(status.success());
+        sink.start().expect("start").await.expect("writer");
+        let old = std::fs::read(rotated(&path)).expect("a rotated file");
+        let new = std::fs::read(&path).expect("the current file");
+        // Rotation happens after the write that crosses the limit: whole entries only.
+        assert!(old.len() >= 200, "{}", old.len());
+        assert!(!new.is_empty());
+        let mut all = select(&old, &Selection::default());
+        all.extend(select(&new, &Selection::default()));
+        let want: String = (1..=10).map(|i| format!("line {i}\n")).collect::<String>() + "err\n";
+        assert_eq!(String::from_utf8_lossy(&all), want);
+
+        for run in ["1.log", "1.log.1", "2.log", "notes.txt"] {
+            std::fs::write(dir.path().join(run), "").expect("file");
+        }
+        prune(dir.path(), 2).expect("prune");
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["2.log", "3.log", "3.log.1", "notes.txt"]);
     }
 
     proptest! {

@@ -2,6 +2,7 @@
 //! `previous`, `timestamps`, `sinceSeconds`, `sinceTime`, `tailLines`, `limitBytes`), served
 //! from the CRI-format files the agent writes; plus the file following that `attach` shares.
 
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -193,13 +194,20 @@ pub(super) async fn container_logs(
 pub(super) struct Follow {
     path: PathBuf,
     offset: u64,
+    /// The file the offset is in (a rotation puts a new file at the path).
+    inode: Option<u64>,
     live: LiveLogs,
 }
 
 impl Follow {
     /// Follows `path` from `offset` (which must be the start of an entry).
     pub(super) fn new(path: PathBuf, offset: u64, live: LiveLogs) -> Self {
-        Self { path, offset, live }
+        Self {
+            path,
+            offset,
+            inode: None,
+            live,
+        }
     }
 
     /// Follows from the end of what `path` holds now (the start of the entry being written).
@@ -214,6 +222,12 @@ impl Follow {
         loop {
             // Check liveness before reading, so the last output is never lost.
             let still_live = self.live.contains(&self.path);
+            let meta = tokio::fs::metadata(&self.path).await.ok()?;
+            if self.inode.is_some_and(|ino| ino != meta.ino()) || meta.len() < self.offset {
+                // The writer rotated the file: the new one starts with a whole entry.
+                self.offset = 0;
+            }
+            self.inode = Some(meta.ino());
             let chunk = read_from(&self.path, self.offset).await.ok()?;
             let (_, consumed) = container_log::lines(&chunk);
             if consumed > 0 {
