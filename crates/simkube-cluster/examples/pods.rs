@@ -160,6 +160,7 @@ fn bench(
         check_same_agents(&agents_before, &now, &state, &record)?;
         Ok(now)
     })?;
+    let left = containers_memory(&agents_after.iter().map(|a| a.pid).collect::<Vec<_>>());
     let load_end = load_average();
 
     let tracker = &run.tracker;
@@ -249,10 +250,22 @@ fn bench(
         secs(deleted),
         pods as f64 / secs(deleted).max(1e-9)
     );
+    println!(
+        "  container processes left   {} (after the pods were gone and {} s more)",
+        left.processes,
+        SETTLE.as_secs()
+    );
     if containers.processes != pods {
         println!(
             "  note: {} container processes for {pods} pods",
             containers.processes
+        );
+    }
+    if left.processes > 0 {
+        bail!(
+            "{} container processes outlived their deleted pods: the node agents did not stop \
+             them (see their logs)",
+            left.processes
         );
     }
     Ok(())

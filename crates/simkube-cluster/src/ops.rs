@@ -89,6 +89,14 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
             options.service_cidr
         )));
     }
+    for (image, program) in &options.images {
+        if !program.is_file() {
+            return Err(Error::Invalid(format!(
+                "--image {image}={}: no such program (give the path of an executable)",
+                program.display()
+            )));
+        }
+    }
     require_root()?;
     let state = StateDir::new(&options.state_dir);
     let lock = state.lock()?;

@@ -385,6 +385,24 @@ fn up_after_a_crashed_daemon_cleans_up_and_works() {
     let name = env.name("crash");
     env.up(&name, 1);
     let first = env.record(&name).daemon_pid.expect("daemon recorded");
+    // While it runs, a second up of the same name is refused and changes nothing.
+    let again = env.simkube(&[
+        "cluster",
+        "up",
+        "--name",
+        &name,
+        "--underlay",
+        &env.underlay.clone(),
+        "--kubeconfig-out",
+        "/nonexistent/k",
+    ]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && stderr.contains("already running"),
+        "{stderr}"
+    );
+    assert_eq!(env.record(&name).daemon_pid, Some(first));
+    assert!(pid_alive(first));
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(first).expect("pid")),
         nix::sys::signal::Signal::SIGKILL,
@@ -652,7 +670,7 @@ fn bad_requests_are_refused_before_anything_is_created() {
     // Validation comes before any privileged step, so this runs without root too.
     let state = tempfile::tempdir().expect("tempdir");
     let state_dir = state.path().join("state");
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (&["--name", "Bad_Name"], "cluster name \"Bad_Name\""),
         (&["--name", "ok", "--nodes", "0"], "--nodes 0"),
         (
@@ -662,6 +680,10 @@ fn bad_requests_are_refused_before_anything_is_created() {
         (
             &["--name", "ok", "--image", "no-program"],
             "REFERENCE=PROGRAM",
+        ),
+        (
+            &["--name", "ok", "--image", "a/b=/nonexistent/b"],
+            "no such program",
         ),
     ];
     for (args, expected) in cases {
