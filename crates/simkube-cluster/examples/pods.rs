@@ -90,7 +90,11 @@ fn run(args: &Args) -> anyhow::Result<()> {
     let mut interrupts = runtime.block_on(async { Interrupts::new() })?;
     let mut cluster = ClusterGuard::new(args.nodes)?;
     let outcome = bench(args, &simkube, &runtime, &mut interrupts, &cluster);
-    if outcome.is_err() {
+    // A failure's logs are worth keeping; an interruption's are not.
+    if outcome
+        .as_ref()
+        .is_err_and(|e| e.downcast_ref::<Interrupted>().is_none())
+    {
         cluster.keep_logs = true;
     }
     drop(cluster);
@@ -739,8 +743,13 @@ impl Interrupts {
     }
 }
 
+/// The benchmark was interrupted (Ctrl-C or SIGTERM): not a failure of the cluster.
+#[derive(Debug, thiserror::Error)]
+#[error("interrupted")]
+struct Interrupted;
+
 fn interrupted() -> anyhow::Error {
-    anyhow::anyhow!("interrupted")
+    Interrupted.into()
 }
 
 /// Gives the agents a moment before their memory is read; Ctrl-C still ends the benchmark.

@@ -403,6 +403,7 @@ fn up_after_a_crashed_daemon_cleans_up_and_works() {
     );
     assert_eq!(env.record(&name).daemon_pid, Some(first));
     assert!(pid_alive(first));
+    let agent = env.agent_pid(&name, 1).expect("the agent runs");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(first).expect("pid")),
         nix::sys::signal::Signal::SIGKILL,
@@ -413,6 +414,16 @@ fn up_after_a_crashed_daemon_cleans_up_and_works() {
             .then_some(())
             .ok_or_else(|| "alive".to_owned())
     });
+    // The agents are the daemon's children and stop with it (parent-death signal).
+    eventually(
+        "the agent stops with its daemon",
+        Duration::from_secs(30),
+        || {
+            (!pid_alive(agent))
+                .then_some(())
+                .ok_or_else(|| "alive".to_owned())
+        },
+    );
     let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
     assert!(list.contains("dead"), "{list}");
     // The namespaces and bridge of the crashed run are still there; up must clear them.
