@@ -172,6 +172,7 @@ fn bench(
         .all_ready
         .context("invariant: the start phase ends with every pod Ready")?;
     let latencies = tracker.latencies();
+    let scheduling = tracker.scheduling_latencies();
     let pods = args.pods;
     let per_node = tracker.per_node();
     let sum = |agents: &[Agent]| agents.iter().map(|a| a.rss_kib).sum::<u64>();
@@ -198,6 +199,12 @@ fn bench(
         "  all Running and Ready      {:.2} s ({:.1} pods/s)",
         secs(ready_after),
         pods as f64 / secs(ready_after).max(1e-9)
+    );
+    println!(
+        "  creation to bound per pod  p50 {:.2} s, p90 {:.2} s, max {:.2} s (the scheduler)",
+        secs(percentile(&scheduling, 50)),
+        secs(percentile(&scheduling, 90)),
+        secs(percentile(&scheduling, 100)),
     );
     println!(
         "  creation to Ready per pod  p50 {:.2} s, p90 {:.2} s, max {:.2} s",
@@ -446,6 +453,8 @@ struct Tracker {
     ready: HashMap<String, Instant>,
     /// The node of each scheduled pod.
     nodes: HashMap<String, String>,
+    /// When each pod was first seen bound to a node.
+    scheduled: HashMap<String, Instant>,
     /// Why each not-yet-ready pod is not ready, as last seen.
     waiting: HashMap<String, String>,
     /// Pods that exist now.
@@ -492,6 +501,7 @@ impl Tracker {
         self.present.insert(name.clone());
         if let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
             self.nodes.insert(name.clone(), node);
+            self.scheduled.entry(name.clone()).or_insert(now);
         }
         if running_and_ready(pod) {
             self.waiting.remove(&name);
@@ -503,8 +513,16 @@ impl Tracker {
 
     /// Per pod: from its create request to its first Running and Ready, sorted.
     fn latencies(&self) -> Vec<Duration> {
-        let mut latencies: Vec<Duration> = self
-            .ready
+        self.since_sent(&self.ready)
+    }
+
+    /// Per pod: from its create request to when the watch first showed it bound, sorted.
+    fn scheduling_latencies(&self) -> Vec<Duration> {
+        self.since_sent(&self.scheduled)
+    }
+
+    fn since_sent(&self, seen: &HashMap<String, Instant>) -> Vec<Duration> {
+        let mut latencies: Vec<Duration> = seen
             .iter()
             .filter_map(|(name, ready)| {
                 self.sent
@@ -1046,6 +1064,7 @@ mod tests {
         tracker.observe(Event::Apply(pod.clone()), t1);
         tracker.observe(Event::Apply(pod.clone()), t1 + Duration::from_secs(5));
         assert_eq!(tracker.latencies(), vec![Duration::from_secs(2)]);
+        assert_eq!(tracker.scheduling_latencies(), vec![Duration::from_secs(2)]);
         assert_eq!(tracker.per_node(), BTreeMap::from([("n1".to_owned(), 1)]));
         tracker.observe(Event::Delete(pod), t1);
         assert!(tracker.present.is_empty());
