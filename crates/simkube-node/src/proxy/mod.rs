@@ -297,6 +297,8 @@ struct State {
     /// UDP endpoints of the applied rules (`None` before the first apply of this run).
     udp_targets: Option<BTreeSet<(Ipv4Addr, u16)>>,
     warnings: BTreeSet<String>,
+    /// The route planner's warnings, logged when they first appear.
+    route_warnings: BTreeSet<String>,
 }
 
 impl State {
@@ -388,11 +390,11 @@ impl State {
             .filter_map(|n| NodeInfo::from_node(n))
             .collect();
         let (desired, warnings) = plan::plan_routes(&self.node.name, self.node.pod_cidr, &nodes);
-        for warning in warnings {
-            if self.warnings.insert(warning.clone()) {
-                tracing::warn!(%warning, "pod routes");
-            }
+        let warnings: BTreeSet<String> = warnings.into_iter().collect();
+        for warning in warnings.difference(&self.route_warnings) {
+            tracing::warn!(%warning, "pod routes");
         }
+        self.route_warnings = warnings;
         let proto = self.config.route_proto;
         let stats = &self.config.stats;
         let current = match routes_with_proto(proto).await {
@@ -550,6 +552,7 @@ pub async fn run(
         applied: None,
         udp_targets: None,
         warnings: BTreeSet::new(),
+        route_warnings: BTreeSet::new(),
     };
     let debounce = state.config.debounce;
     let mut listed = [false; 3];
