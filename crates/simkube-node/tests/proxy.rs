@@ -18,7 +18,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use simkube::controllers::Controllers;
 use simkube_node::proxy::{DEFAULT_ROUTE_PROTO, DEFAULT_TABLE, ProxyConfig, ProxyStats};
-use tether_testkit::{Netns, patience, require_root_or_skip};
+use tether_testkit::{Netns, TcpEchoServer, patience, require_root_or_skip};
 
 mod support;
 use support::{Fixture, fast_backoff};
@@ -341,6 +341,10 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
         config
     };
     let stats_udp = stats.clone();
+    // A server outside the cluster, for pod egress.
+    let outside = TcpEchoServer::start(&underlay, SocketAddr::from(([198, 18, 99, 1], 0)))
+        .expect("underlay echo server");
+    let outside_addr = outside.local_addr();
     fixture.run_with(
         fast_backoff(),
         |builder| {
@@ -409,7 +413,7 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
             let pod_ns = PathBuf::from(simkube_node::sandbox::NETNS_DIR)
                 .join(format!("{prefix}{first_uid}"));
             let me = first_name.clone();
-            let seen = answers_from(pod_ns, vip, 2, "cluster IP from a pod", move |l| {
+            let seen = answers_from(pod_ns.clone(), vip, 2, "cluster IP from a pod", move |l| {
                 answer_parts(l).0 == me
             })
             .await;
@@ -420,6 +424,24 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
             assert!(
                 answer_parts(hairpin).1.starts_with(POD_GATEWAY),
                 "a pod reaching itself through its Service sees the node as the peer: {hairpin}"
+            );
+
+            // Pod egress out of the cluster CIDR leaves as the node (ip-masq-agent).
+            let seen_as = in_netns(pod_ns, move || {
+                let mut stream = TcpStream::connect_timeout(&outside_addr, Duration::from_secs(2))
+                    .expect("pod reaches the underlay");
+                stream.write_all(b"egress").expect("write");
+                stream
+                    .shutdown(std::net::Shutdown::Write)
+                    .expect("shutdown");
+                let mut answer = String::new();
+                std::io::Read::read_to_string(&mut stream, &mut answer).expect("read");
+                answer
+            })
+            .await;
+            assert!(
+                seen_as.starts_with(&format!("{NODE_UNDERLAY_IP}:")),
+                "pod egress is masqueraded to the node: {seen_as:?}"
             );
 
             // From the underlay: the node port on the node's address and the LB IP.
@@ -557,6 +579,7 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
         !tables.contains(DEFAULT_TABLE),
         "the stopped agent removed its table: {tables}"
     );
+    drop(outside);
     drop(underlay);
 }
 
