@@ -67,6 +67,24 @@ pub struct Flow {
 }
 
 impl Flow {
+    /// Whether neither address nor port was translated (the reply is the mirror image).
+    pub fn untranslated(&self) -> bool {
+        self.reply.src == self.orig.dst
+            && self.reply.dst == self.orig.src
+            && self.reply.sport == self.orig.dport
+            && self.reply.dport == self.orig.sport
+    }
+
+    /// Whether this UDP flow was set up without NAT towards `frontend`, an address (or, with
+    /// `None`, any address) and port that now has a Service behind it: it would bypass the
+    /// Service for as long as its client keeps sending.
+    pub fn udp_untranslated_to(&self, frontend: (Option<Ipv4Addr>, u16)) -> bool {
+        self.proto == IPPROTO_UDP
+            && self.untranslated()
+            && self.orig.dport == frontend.1
+            && frontend.0.is_none_or(|ip| ip == self.orig.dst)
+    }
+
     /// Whether this flow was DNATed to `target` (`ip`, `port`) over UDP.
     pub fn udp_nat_to(&self, target: (Ipv4Addr, u16)) -> bool {
         self.proto == IPPROTO_UDP
@@ -274,23 +292,18 @@ impl Socket {
     }
 }
 
-/// Deletes every UDP flow DNATed to one of `targets`; returns how many were deleted. Runs on
-/// the calling thread (its network namespace is the one cleaned).
-pub fn clear_udp_flows_to(targets: &[(Ipv4Addr, u16)]) -> Result<usize, ProxyError> {
+/// Deletes every flow `stale` selects; returns how many were deleted. Runs on the calling
+/// thread (its network namespace is the one cleaned).
+pub fn clear_flows(stale: impl Fn(&Flow) -> bool) -> Result<usize, ProxyError> {
     let fail = |message: String| ProxyError::Conntrack(message);
-    if targets.is_empty() {
-        return Ok(0);
-    }
     let mut socket = Socket::open().map_err(fail)?;
     socket.send(&encode_dump(1)).map_err(fail)?;
-    let mut stale = Vec::new();
+    let mut found = Vec::new();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     'dump: loop {
         for msg in socket.recv().map_err(fail)? {
             match msg {
-                Message::Flow(flow) if targets.iter().any(|t| flow.udp_nat_to(*t)) => {
-                    stale.push(flow);
-                }
+                Message::Flow(flow) if stale(&flow) => found.push(flow),
                 Message::Done => break 'dump,
                 Message::Error(code) if code != 0 => {
                     return Err(fail(format!(
@@ -306,7 +319,7 @@ pub fn clear_udp_flows_to(targets: &[(Ipv4Addr, u16)]) -> Result<usize, ProxyErr
         }
     }
     let mut deleted = 0;
-    for (seq, flow) in (2u32..).zip(&stale) {
+    for (seq, flow) in (2u32..).zip(&found) {
         socket.send(&encode_delete(seq, flow)).map_err(fail)?;
         match socket.recv().map_err(fail)?.first() {
             Some(Message::Error(0)) => deleted += 1,
@@ -406,6 +419,42 @@ mod tests {
             ..f
         };
         assert!(!direct.udp_nat_to((Ipv4Addr::new(10, 244, 7, 3), 7000)));
+    }
+
+    #[test]
+    fn untranslated_flows_to_a_new_frontend_match() {
+        let vip = Ipv4Addr::new(198, 19, 0, 5);
+        let client = Ipv4Addr::new(198, 18, 99, 1);
+        let orig = Tuple {
+            src: client,
+            dst: vip,
+            sport: 41_000,
+            dport: 53,
+        };
+        let mirror = Tuple {
+            src: vip,
+            dst: client,
+            sport: 53,
+            dport: 41_000,
+        };
+        let plain = Flow {
+            proto: IPPROTO_UDP,
+            orig,
+            reply: mirror,
+        };
+        assert!(plain.untranslated());
+        assert!(plain.udp_untranslated_to((Some(vip), 53)));
+        assert!(
+            plain.udp_untranslated_to((None, 53)),
+            "a node port matches any address"
+        );
+        assert!(!plain.udp_untranslated_to((Some(vip), 54)));
+        assert!(!plain.udp_untranslated_to((Some(client), 53)));
+        assert!(
+            !flow().untranslated(),
+            "a DNATed flow is left to the endpoint check"
+        );
+        assert!(!flow().udp_untranslated_to((None, 53)));
     }
 
     #[test]

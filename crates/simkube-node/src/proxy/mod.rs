@@ -296,6 +296,8 @@ struct State {
     applied: Option<String>,
     /// UDP endpoints of the applied rules (`None` before the first apply of this run).
     udp_targets: Option<BTreeSet<(Ipv4Addr, u16)>>,
+    /// UDP frontends with endpoints in the applied rules.
+    udp_frontends: BTreeSet<(Option<Ipv4Addr>, u16)>,
     warnings: BTreeSet<String>,
     /// The route planner's warnings, logged when they first appear.
     route_warnings: BTreeSet<String>,
@@ -364,7 +366,7 @@ impl State {
                     "service proxy rules applied"
                 );
                 self.applied = Some(plan.script);
-                self.clear_stale_udp(plan.udp_targets);
+                self.clear_stale_udp(plan.udp_targets, plan.udp_frontends);
                 true
             }
             Err(error) => {
@@ -455,25 +457,39 @@ impl State {
         ok
     }
 
-    /// Removes conntrack entries of UDP endpoints the new rules dropped (synchronously: the
-    /// netlink socket must be opened on this thread, in the node namespace).
-    fn clear_stale_udp(&mut self, now: BTreeSet<(Ipv4Addr, u16)>) {
-        let before = self.udp_targets.replace(now);
-        let Some(before) = before else { return };
-        let gone: Vec<(Ipv4Addr, u16)> = before
-            .difference(self.udp_targets.as_ref().expect("invariant: just set"))
-            .copied()
-            .collect();
-        if gone.is_empty() {
+    /// Removes the UDP conntrack entries the new rules would never see again (synchronously:
+    /// the netlink socket must be opened on this thread, in the node namespace): flows DNATed
+    /// to endpoints the rules dropped, and flows that reached a frontend untranslated before it
+    /// had endpoints (or before this agent's rules existed).
+    fn clear_stale_udp(
+        &mut self,
+        targets: BTreeSet<(Ipv4Addr, u16)>,
+        frontends: BTreeSet<(Option<Ipv4Addr>, u16)>,
+    ) {
+        let gone: Vec<(Ipv4Addr, u16)> = match &self.udp_targets {
+            Some(before) => before.difference(&targets).copied().collect(),
+            None => Vec::new(),
+        };
+        let new: Vec<(Option<Ipv4Addr>, u16)> =
+            frontends.difference(&self.udp_frontends).copied().collect();
+        self.udp_targets = Some(targets);
+        self.udp_frontends = frontends;
+        if gone.is_empty() && new.is_empty() {
             return;
         }
-        match conntrack::clear_udp_flows_to(&gone) {
+        let stale = |flow: &conntrack::Flow| {
+            gone.iter().any(|t| flow.udp_nat_to(*t))
+                || new.iter().any(|f| flow.udp_untranslated_to(*f))
+        };
+        match conntrack::clear_flows(stale) {
             Ok(n) => {
                 self.config
                     .stats
                     .conntrack_cleared
                     .inc_by(u64::try_from(n).unwrap_or(0));
-                tracing::info!(endpoints = gone.len(), flows = n, "stale UDP flows removed");
+                if n > 0 {
+                    tracing::info!(flows = n, "stale UDP flows removed");
+                }
             }
             Err(error) => tracing::warn!(%error, "cannot remove stale UDP flows"),
         }
@@ -551,6 +567,7 @@ pub async fn run(
         nodes,
         applied: None,
         udp_targets: None,
+        udp_frontends: BTreeSet::new(),
         warnings: BTreeSet::new(),
         route_warnings: BTreeSet::new(),
     };

@@ -69,6 +69,9 @@ pub struct Plan {
     /// Every UDP endpoint (address, port) the rules send to: when one disappears, its
     /// conntrack entries must go too.
     pub udp_targets: BTreeSet<(Ipv4Addr, u16)>,
+    /// Every UDP address and port (`None`: a node port on any local address) the rules DNAT:
+    /// when one appears, flows that reached it untranslated before must go.
+    pub udp_frontends: BTreeSet<(Option<Ipv4Addr>, u16)>,
 }
 
 /// One resolved endpoint of a service port.
@@ -241,6 +244,7 @@ struct Builder<'a> {
     chains: Vec<Chain>,
     endpoint_chains: BTreeSet<String>,
     udp_targets: BTreeSet<(Ipv4Addr, u16)>,
+    udp_frontends: BTreeSet<(Option<Ipv4Addr>, u16)>,
     warnings: Vec<String>,
     service_ports: usize,
 }
@@ -397,6 +401,12 @@ impl Builder<'_> {
             return;
         }
 
+        if port.protocol == Protocol::Udp {
+            let ips = service.cluster_ips.iter().chain(&external_addrs);
+            self.udp_frontends
+                .extend(ips.map(|ip| (Some(*ip), port.port)));
+            self.udp_frontends.extend(port.node_port.map(|n| (None, n)));
+        }
         let cluster_chain = chain_name("cluster", &key);
         let local_chain = chain_name("local", &key);
         let needs_local = service.internal_local
@@ -521,6 +531,7 @@ pub fn plan(input: &ProxyInput) -> Plan {
         chains: Vec::new(),
         endpoint_chains: BTreeSet::new(),
         udp_targets: BTreeSet::new(),
+        udp_frontends: BTreeSet::new(),
         warnings: Vec::new(),
         service_ports: 0,
     };
@@ -552,6 +563,7 @@ pub fn plan(input: &ProxyInput) -> Plan {
         endpoints,
         warnings: b.warnings,
         udp_targets: b.udp_targets,
+        udp_frontends: b.udp_frontends,
     }
 }
 
