@@ -303,6 +303,23 @@ fn echo_service() -> Service {
     .expect("service")
 }
 
+/// A node port the API server is asked for explicitly (the echo Service gets its own first).
+const LATE_NODE_PORT: u16 = 32_099;
+
+fn late_service() -> Service {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "late", "namespace": "default"},
+        "spec": {
+            "type": "NodePort",
+            "selector": {"app": "echo"},
+            "ports": [{"name": "udp", "port": 53, "targetPort": "echo-udp", "protocol": "UDP",
+                       "nodePort": LATE_NODE_PORT}]
+        }
+    }))
+    .expect("service")
+}
+
 fn nft_tables(fixture: &Fixture) -> String {
     let out = fixture
         .netns
@@ -543,6 +560,32 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
                 stats_udp.conntrack_cleared() >= 1,
                 "no conntrack entry was removed"
             );
+
+            // A UDP client that sent to a node port before any Service had it (its flow set up
+            // untranslated) reaches the Service once it exists, without changing its socket.
+            let late_addr = SocketAddr::from((node_addr, LATE_NODE_PORT));
+            let early = in_netns(underlay_ns.clone(), move || {
+                let socket = UdpSocket::bind("0.0.0.0:41099").expect("bind UDP client");
+                socket
+                    .set_read_timeout(Some(Duration::from_millis(100)))
+                    .expect("timeout");
+                for _ in 0..5 {
+                    socket.send_to(b"early", late_addr).expect("send");
+                    let mut buf = [0u8; 512];
+                    assert!(socket.recv(&mut buf).is_err(), "nothing answers yet");
+                }
+                socket
+            })
+            .await;
+            services
+                .create(&PostParams::default(), &late_service())
+                .await
+                .expect("create the late service");
+            let answer =
+                tokio::task::spawn_blocking(move || udp_until(&early, late_addr, |_| true))
+                    .await
+                    .expect("UDP client");
+            assert!(answer.starts_with("pod=echo-"), "{answer}");
 
             // No endpoints: refused at once, not a time-out.
             deployments

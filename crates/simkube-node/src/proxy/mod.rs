@@ -1,7 +1,8 @@
 //! The node's service proxy and pod routes: watches Services, EndpointSlices and Nodes, keeps
 //! one nftables table of its own in the node namespace (kube-proxy's nftables mode, see
 //! [`plan`]) and the host-gw routes to other nodes' pod CIDRs (`ip route ... proto`
-//! [`DEFAULT_ROUTE_PROTO`]), and removes both when the agent stops.
+//! [`DEFAULT_ROUTE_PROTO`]), and removes both when the agent stops. UDP conntrack entries the
+//! new rules would never see again are deleted after each apply ([`conntrack`]).
 //!
 //! It runs on the agent's threads, which are in the node namespace; the `nft` and `ip` child
 //! processes inherit that namespace. The table is replaced in one `nft -f -` transaction, and
