@@ -10,8 +10,9 @@
 //! [`atomic_writer`] (volume contents, kept current), [`prober`] (probe attempts and the
 //! kubelet's events) and [`kubelet`] (the HTTPS endpoint for `kubectl logs`, `exec` and `attach`,
 //! and `/metrics` from [`metrics`]). Container output goes through [`container_log`] (CRI-format
-//! log files with a time per line). [`builtin`] holds the built-in workloads that the node binary
-//! runs as `__builtin <name>`.
+//! log files with a time per line). [`proxy`] is the node's service proxy (an nftables table
+//! for Services, plus routes to the other nodes' pod CIDRs). [`builtin`] holds the built-in
+//! workloads that the node binary runs as `__builtin <name>`.
 //!
 //! The namespace the agent runs in *is* the node: run it inside a node's network namespace
 //! (`--netns`, or from a thread that entered one) and the pods hang off that namespace.
