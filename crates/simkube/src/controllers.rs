@@ -21,8 +21,14 @@ pub mod workloads;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{Stream, StreamExt as _};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
+use kube::api::Api;
 use kube::discovery::{ApiCapabilities, ApiResource, Discovery, Scope, verbs};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -247,6 +253,45 @@ pub(crate) async fn pause(shutdown: &CancellationToken, delay: Duration) -> bool
         () = shutdown.cancelled() => false,
         () = tokio::time::sleep(delay) => true,
     }
+}
+
+/// Caches of every pod and node, and a stream that yields once per change to either.
+///
+/// The scheduler and the taint-eviction controller both decide from this pair of caches and
+/// re-examine the cluster on each change.
+pub(crate) fn watch_pods_and_nodes(
+    client: &Client,
+) -> (
+    Store<Pod>,
+    Store<Node>,
+    impl Stream<Item = ()> + Send + 'static,
+) {
+    let (pods, pod_writer) = reflector::store::<Pod>();
+    let (nodes, node_writer) = reflector::store::<Node>();
+    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(pod_writer)
+        .map(|_| ());
+    let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .reflect(node_writer)
+        .map(|_| ());
+    (
+        pods,
+        nodes,
+        futures::stream::select(pod_events, node_events),
+    )
+}
+
+/// An event recorder reporting as `controller`.
+pub(crate) fn recorder(client: Client, controller: &str) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: controller.into(),
+            instance: None,
+        },
+    )
 }
 
 /// Whether a kube-rs error is an API answer with this HTTP code.

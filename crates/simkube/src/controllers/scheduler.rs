@@ -14,14 +14,13 @@ use std::time::Duration;
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, Taint, Toleration};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource as _, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::is_status;
+use super::{is_status, recorder, watch_pods_and_nodes};
 
 /// The scheduler name pods get by default; pods naming another scheduler are left alone.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -518,25 +517,10 @@ fn is_terminal(pod: &Pod) -> bool {
 
 /// Runs the scheduler until `shutdown`.
 pub async fn run(client: Client, shutdown: CancellationToken) {
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .map(|_| ());
-    let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .map(|_| ());
-    let mut changes = std::pin::pin!(futures::stream::select(pod_events, node_events));
+    let (pods, nodes, changes) = watch_pods_and_nodes(&client);
+    let mut changes = std::pin::pin!(changes);
     let mut scheduler = Scheduler {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: DEFAULT_SCHEDULER.into(),
-                instance: None,
-            },
-        ),
+        recorder: recorder(client.clone(), DEFAULT_SCHEDULER),
         client,
         assumed: HashMap::new(),
     };

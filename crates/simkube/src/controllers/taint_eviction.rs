@@ -19,15 +19,14 @@ use std::time::{Duration, Instant};
 use futures::{FutureExt as _, StreamExt as _};
 use k8s_openapi::api::core::v1::{Node, Pod, Taint, Toleration};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
 use kube::{Client, Resource as _, ResourceExt as _};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::is_status;
 use super::scheduler::{TAINT_NOT_READY, TAINT_UNREACHABLE, tolerates};
+use super::{is_status, recorder, watch_pods_and_nodes};
 
 /// The name the controller reports events under (kube-controller-manager's since 1.29).
 pub const CONTROLLER_NAME: &str = "taint-eviction-controller";
@@ -242,25 +241,10 @@ impl Schedule {
 
 /// Runs the controller until `shutdown`.
 pub async fn run(client: Client, shutdown: CancellationToken) {
-    let (pods, pod_writer) = reflector::store::<Pod>();
-    let (nodes, node_writer) = reflector::store::<Node>();
-    let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(pod_writer)
-        .map(|_| ());
-    let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
-        .default_backoff()
-        .reflect(node_writer)
-        .map(|_| ());
-    let mut changes = std::pin::pin!(futures::stream::select(pod_events, node_events));
+    let (pods, nodes, changes) = watch_pods_and_nodes(&client);
+    let mut changes = std::pin::pin!(changes);
     let mut controller = Controller {
-        recorder: Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: CONTROLLER_NAME.into(),
-                instance: None,
-            },
-        ),
+        recorder: recorder(client.clone(), CONTROLLER_NAME),
         client,
         schedule: Schedule::default(),
     };
