@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// ConfigMap and Secret data the container may reference, keyed by object name.
 #[derive(Debug, Default, Clone)]
@@ -212,36 +213,42 @@ fn lookup(
 }
 
 fn field(pod: &Pod, runtime: &Runtime, path: &str) -> Result<String, EnvError> {
-    let meta = &pod.metadata;
     let spec = pod.spec.as_ref();
-    let map_key = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix("['"))
-            .and_then(|rest| rest.strip_suffix("']"))
-    };
     Ok(match path {
-        "metadata.name" => meta.name.clone().unwrap_or_default(),
-        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
-        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
         "spec.nodeName" => spec.and_then(|s| s.node_name.clone()).unwrap_or_default(),
         "spec.serviceAccountName" => spec
             .and_then(|s| s.service_account_name.clone())
             .unwrap_or_default(),
         "status.podIP" | "status.podIPs" => runtime.pod_ip.clone(),
         "status.hostIP" | "status.hostIPs" => runtime.host_ip.clone(),
+        _ => metadata_field(&pod.metadata, path)
+            .ok_or_else(|| EnvError::UnsupportedField(path.to_owned()))?,
+    })
+}
+
+/// The downward-API value of a metadata field path both env vars and downward-API volumes
+/// accept: name, namespace, uid, or one label or annotation as `metadata.labels['key']`. `None`
+/// when `path` is none of these. A missing label or annotation reads as empty, as in Kubernetes.
+pub fn metadata_field(meta: &ObjectMeta, path: &str) -> Option<String> {
+    let map_key = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix("['"))
+            .and_then(|rest| rest.strip_suffix("']"))
+    };
+    let entry = |map: Option<&BTreeMap<String, String>>, key: &str| {
+        map.and_then(|m| m.get(key).cloned()).unwrap_or_default()
+    };
+    Some(match path {
+        "metadata.name" => meta.name.clone().unwrap_or_default(),
+        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
+        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
         _ => {
             if let Some(key) = map_key("metadata.labels") {
-                meta.labels
-                    .as_ref()
-                    .and_then(|l| l.get(key).cloned())
-                    .unwrap_or_default()
+                entry(meta.labels.as_ref(), key)
             } else if let Some(key) = map_key("metadata.annotations") {
-                meta.annotations
-                    .as_ref()
-                    .and_then(|l| l.get(key).cloned())
-                    .unwrap_or_default()
+                entry(meta.annotations.as_ref(), key)
             } else {
-                return Err(EnvError::UnsupportedField(path.to_owned()));
+                return None;
             }
         }
     })

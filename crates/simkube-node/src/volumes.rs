@@ -505,32 +505,11 @@ fn downward_files(
 
 fn field_value(pod: &Pod, path: &str) -> Result<String, VolumeError> {
     let meta = &pod.metadata;
-    let map_key = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .and_then(|rest| rest.strip_prefix("['"))
-            .and_then(|rest| rest.strip_suffix("']"))
-    };
     Ok(match path {
-        "metadata.name" => meta.name.clone().unwrap_or_default(),
-        "metadata.namespace" => meta.namespace.clone().unwrap_or_default(),
-        "metadata.uid" => meta.uid.clone().unwrap_or_default(),
         "metadata.labels" => format_map(meta.labels.as_ref()),
         "metadata.annotations" => format_map(meta.annotations.as_ref()),
-        _ => {
-            if let Some(key) = map_key("metadata.labels") {
-                meta.labels
-                    .as_ref()
-                    .and_then(|m| m.get(key).cloned())
-                    .unwrap_or_default()
-            } else if let Some(key) = map_key("metadata.annotations") {
-                meta.annotations
-                    .as_ref()
-                    .and_then(|m| m.get(key).cloned())
-                    .unwrap_or_default()
-            } else {
-                return Err(VolumeError::UnsupportedField(path.to_owned()));
-            }
-        }
+        _ => crate::env::metadata_field(meta, path)
+            .ok_or_else(|| VolumeError::UnsupportedField(path.to_owned()))?,
     })
 }
 
