@@ -64,6 +64,24 @@ pub struct Exit {
     pub signal: Option<i32>,
 }
 
+impl From<std::process::ExitStatus> for Exit {
+    /// Kubernetes' reading of a wait status: the exit code, or 128 + the signal that killed it;
+    /// 255 when the status is neither (a stopped process, which `wait` does not report).
+    fn from(status: std::process::ExitStatus) -> Self {
+        match (status.code(), status.signal()) {
+            (Some(code), _) => Exit { code, signal: None },
+            (None, Some(signal)) => Exit {
+                code: 128 + signal,
+                signal: Some(signal),
+            },
+            (None, None) => Exit {
+                code: 255,
+                signal: None,
+            },
+        }
+    }
+}
+
 impl ContainerProcess {
     /// Starts the process. Must be called from a long-lived thread (a runtime worker), since the
     /// kernel kills the process when the thread that started it exits.
@@ -142,17 +160,7 @@ impl ContainerProcess {
             let _ = tokio::time::timeout(LOG_DRAIN, writer).await;
             self.log_writer = None;
         }
-        Ok(match (status.code(), status.signal()) {
-            (Some(code), _) => Exit { code, signal: None },
-            (None, Some(signal)) => Exit {
-                code: 128 + signal,
-                signal: Some(signal),
-            },
-            (None, None) => Exit {
-                code: 255,
-                signal: None,
-            },
-        })
+        Ok(Exit::from(status))
     }
 
     /// Stops the container: SIGTERM to its process group, SIGKILL after `grace`.

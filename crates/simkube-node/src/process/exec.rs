@@ -9,7 +9,7 @@ use std::io;
 use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::os::unix::process::CommandExt as _;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
@@ -142,17 +142,7 @@ impl ExecProcess {
     pub async fn wait(&mut self) -> io::Result<Exit> {
         let status = self.child.wait().await?;
         self.reaped = true;
-        Ok(match (status.code(), status.signal()) {
-            (Some(code), _) => Exit { code, signal: None },
-            (None, Some(signal)) => Exit {
-                code: 128 + signal,
-                signal: Some(signal),
-            },
-            (None, None) => Exit {
-                code: 255,
-                signal: None,
-            },
-        })
+        Ok(Exit::from(status))
     }
 
     /// Kills the process and its process group with SIGKILL.
