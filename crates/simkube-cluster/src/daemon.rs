@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Error;
 use crate::ops::AGENT_GRACE;
-use crate::state::{ClusterRecord, DaemonRecord, StateDir, write_atomic};
+use crate::state::{ClusterRecord, DaemonRecord, StateDir, open_log, write_atomic};
 use crate::topology::{self, NodePlan, Plan};
 
 /// How long a node's certificate is valid.
@@ -408,19 +408,7 @@ impl Supervisor {
     }
 
     fn spawn(&self) -> Result<tokio::process::Child, Error> {
-        let log_path = self.file(".log");
-        let log = std::fs::File::options()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .map_err(|source| Error::State {
-                action: "opening",
-                path: log_path.clone(),
-                source,
-            })?;
-        let log_err = log
-            .try_clone()
-            .map_err(Error::io("duplicating a log file"))?;
+        let (log, log_err) = open_log(&self.file(".log"))?;
         let child = self
             .command()
             .stdin(Stdio::null())

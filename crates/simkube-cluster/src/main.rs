@@ -71,6 +71,19 @@ struct StateArgs {
     state_dir: PathBuf,
 }
 
+/// Which node of which cluster a node command acts on.
+#[derive(Debug, clap::Args)]
+struct NodeArgs {
+    /// Cluster name.
+    #[arg(long)]
+    name: String,
+    /// Node name (<cluster>-node-<I>).
+    #[arg(long)]
+    node: String,
+    #[command(flatten)]
+    state: StateArgs,
+}
+
 #[derive(Debug, Subcommand)]
 enum ClusterCommand {
     /// Create a cluster: namespaces, API server daemon, node agents; wait until every node is
@@ -122,27 +135,9 @@ enum ClusterCommand {
     },
     /// Stop one node's agent and keep it stopped (its Node turns NotReady after the grace
     /// period).
-    StopNode {
-        /// Cluster name.
-        #[arg(long)]
-        name: String,
-        /// Node name (<cluster>-node-<I>).
-        #[arg(long)]
-        node: String,
-        #[command(flatten)]
-        state: StateArgs,
-    },
+    StopNode(NodeArgs),
     /// Start a node agent stopped by stop-node again.
-    StartNode {
-        /// Cluster name.
-        #[arg(long)]
-        name: String,
-        /// Node name (<cluster>-node-<I>).
-        #[arg(long)]
-        node: String,
-        #[command(flatten)]
-        state: StateArgs,
-    },
+    StartNode(NodeArgs),
     /// Run a cluster's daemon (started by `cluster up`).
     #[command(hide = true)]
     Daemon {
@@ -294,12 +289,12 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        ClusterCommand::StopNode { name, node, state } => {
+        ClusterCommand::StopNode(NodeArgs { name, node, state }) => {
             ops::stop_node(&state.state_dir, &name, &node)?;
             println!("node agent of {node} stopped (it stays stopped until start-node)");
             Ok(())
         }
-        ClusterCommand::StartNode { name, node, state } => {
+        ClusterCommand::StartNode(NodeArgs { name, node, state }) => {
             let pid = ops::start_node(&state.state_dir, &name, &node)?;
             println!("node agent of {node} started (PID {pid})");
             Ok(())

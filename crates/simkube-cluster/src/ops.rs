@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::state::{ClusterRecord, StateDir};
+use crate::state::{ClusterRecord, StateDir, open_log};
 use crate::topology::{self, Plan};
 use crate::{Error, net, proc};
 
@@ -173,19 +173,7 @@ fn create_and_start(
         topology::cluster_netns_prefix(&plan.name),
         plan.nodes,
     ));
-    let log_path = state.file(&record.name, "daemon.log");
-    let log = std::fs::File::options()
-        .create(true)
-        .append(true)
-        .open(&log_path)
-        .map_err(|source| Error::State {
-            action: "opening",
-            path: log_path.clone(),
-            source,
-        })?;
-    let log_err = log
-        .try_clone()
-        .map_err(Error::io("duplicating the log file"))?;
+    let (log, log_err) = open_log(&state.file(&record.name, "daemon.log"))?;
     let child = Command::new(&options.exe)
         .args(["cluster", "daemon", "--name", &record.name, "--state-dir"])
         .arg(&options.state_dir)

@@ -241,6 +241,25 @@ pub fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), Error> {
     write_atomic(path, text.as_bytes(), 0o644)
 }
 
+/// Opens the log file at `path` for appending, twice: one handle for a child's stdout, one for
+/// its stderr, so both streams land in the same file in the order they are written.
+pub fn open_log(path: &Path) -> Result<(File, File), Error> {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| Error::State {
+            action: "opening",
+            path: path.to_owned(),
+            source,
+        })?;
+    let log_err = log.try_clone().map_err(Error::io(format!(
+        "duplicating log file {}",
+        path.display()
+    )))?;
+    Ok((log, log_err))
+}
+
 /// Writes `bytes` to `path` atomically with permissions `mode`.
 pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
     use std::io::Write as _;
