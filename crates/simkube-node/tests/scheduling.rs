@@ -122,6 +122,54 @@ fn still_running(processes: &[(u32, String)]) -> Vec<u32> {
         .collect()
 }
 
+/// Waits until the pods `names` run and returns, for each, its network namespace and the
+/// processes in it.
+async fn running_sandboxes(
+    pods: &Api<Pod>,
+    prefix: &str,
+    names: &[&str],
+) -> Vec<(String, Vec<(u32, String)>)> {
+    let mut sandboxes = Vec::new();
+    for name in names {
+        let running = wait_pod(pods, name, Duration::from_secs(20), "Running", |p| {
+            phase(p) == Some("Running")
+        })
+        .await;
+        let netns = sandbox::names(prefix, &running.metadata.uid.expect("uid")).netns;
+        assert!(netns_exists(&netns), "{netns}");
+        let processes = processes_in(&netns);
+        assert!(!processes.is_empty(), "no process runs in {netns}");
+        sandboxes.push((netns, processes));
+    }
+    sandboxes
+}
+
+/// Waits until the object `name` is gone from `api`.
+async fn wait_gone<K>(api: &Api<K>, name: &str, timeout: Duration)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    until(&format!("{name} to be gone"), timeout, || async {
+        api.get_opt(name)
+            .await
+            .expect("get")
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+/// Taints `node` with `dedicated=db` and `effect`.
+async fn taint_dedicated(client: &kube::Client, node: &str, effect: &str) {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let taint = json!({"spec": {"taints": [
+        {"key": "dedicated", "value": "db", "effect": effect}]}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&taint))
+        .await
+        .expect("taint the node");
+}
+
 /// A sleeper pod for the scheduler to place (no `nodeName`).
 fn unbound_sleeper(name: &str, tolerations: serde_json::Value) -> Pod {
     let mut p = pod(name, "", "simkube.dev/sleeper", &[], "Always");
@@ -149,13 +197,7 @@ fn untolerated_taints_keep_pods_pending_until_a_toleration_lets_them_run() {
         |_| {},
         |client, node| async move {
             wait_node_ready(&client, &node).await;
-            let nodes: Api<Node> = Api::all(client.clone());
-            let taint = json!({"spec": {"taints": [
-                {"key": "dedicated", "value": "db", "effect": "NoSchedule"}]}});
-            nodes
-                .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
-                .await
-                .expect("taint the node");
+            taint_dedicated(&client, &node, "NoSchedule").await;
 
             let pods: Api<Pod> = Api::default_namespaced(client.clone());
             pods.create(&PostParams::default(), &unbound_sleeper("web", json!([])))
@@ -397,7 +439,6 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
                 .await
                 .expect("create namespace");
             let pods: Api<Pod> = Api::namespaced(client.clone(), "doomed");
-            let mut sandboxes = Vec::new();
             for name in ["a", "b"] {
                 let mut p = pod(name, &node, "simkube.dev/sleeper", &[], "Always");
                 p.metadata.namespace = Some("doomed".into());
@@ -405,17 +446,7 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
                     .await
                     .expect("create pod");
             }
-            for name in ["a", "b"] {
-                let running = wait_pod(&pods, name, Duration::from_secs(20), "Running", |p| {
-                    phase(p) == Some("Running")
-                })
-                .await;
-                let netns = sandbox::names(&prefix, &running.metadata.uid.expect("uid")).netns;
-                assert!(netns_exists(&netns), "{netns}");
-                let processes = processes_in(&netns);
-                assert!(!processes.is_empty(), "no process runs in {netns}");
-                sandboxes.push((netns, processes));
-            }
+            let sandboxes = running_sandboxes(&pods, &prefix, &["a", "b"]).await;
             // A pod of another namespace is left alone.
             let others: Api<Pod> = Api::default_namespaced(client.clone());
             others
@@ -439,19 +470,7 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
                 .delete("doomed", &DeleteParams::default())
                 .await
                 .expect("delete namespace");
-            until(
-                "the namespace to disappear",
-                Duration::from_secs(30),
-                || async {
-                    namespaces
-                        .get_opt("doomed")
-                        .await
-                        .expect("get namespace")
-                        .is_none()
-                        .then_some(())
-                },
-            )
-            .await;
+            wait_gone(&namespaces, "doomed", Duration::from_secs(30)).await;
             eprintln!(
                 "namespace doomed gone {:?} after its deletion",
                 deleted.elapsed()
@@ -473,15 +492,7 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
                 .delete("bystander", &DeleteParams::default())
                 .await
                 .expect("delete bystander");
-            until("the bystander to go", Duration::from_secs(20), || async {
-                others
-                    .get_opt("bystander")
-                    .await
-                    .expect("get")
-                    .is_none()
-                    .then_some(())
-            })
-            .await;
+            wait_gone(&others, "bystander", Duration::from_secs(20)).await;
         },
     );
 }
@@ -518,39 +529,12 @@ fn a_no_execute_taint_evicts_running_pods_that_do_not_tolerate_it() {
             )
             .await
             .expect("create");
-            let mut sandboxes = Vec::new();
-            for name in ["web", "guard"] {
-                let running = wait_pod(&pods, name, Duration::from_secs(20), "Running", |p| {
-                    phase(p) == Some("Running")
-                })
-                .await;
-                let netns = sandbox::names(&prefix, &running.metadata.uid.expect("uid")).netns;
-                let processes = processes_in(&netns);
-                assert!(!processes.is_empty(), "no process runs in {netns}");
-                sandboxes.push((netns, processes));
-            }
+            let sandboxes = running_sandboxes(&pods, &prefix, &["web", "guard"]).await;
 
-            let nodes: Api<Node> = Api::all(client.clone());
-            let taint = json!({"spec": {"taints": [
-                {"key": "dedicated", "value": "db", "effect": "NoExecute"}]}});
             let tainted = Instant::now();
-            nodes
-                .patch(&node, &PatchParams::default(), &Patch::Merge(&taint))
-                .await
-                .expect("taint the node");
+            taint_dedicated(&client, &node, "NoExecute").await;
             // The taint manager deletes `web`; the agent stops it and finishes the deletion.
-            until(
-                "web to be evicted and gone",
-                Duration::from_secs(20),
-                || async {
-                    pods.get_opt("web")
-                        .await
-                        .expect("get")
-                        .is_none()
-                        .then_some(())
-                },
-            )
-            .await;
+            wait_gone(&pods, "web", Duration::from_secs(20)).await;
             eprintln!(
                 "web evicted and stopped {:?} after the NoExecute taint",
                 tainted.elapsed()
@@ -585,14 +569,7 @@ fn a_no_execute_taint_evicts_running_pods_that_do_not_tolerate_it() {
             pods.delete("guard", &DeleteParams::default())
                 .await
                 .expect("delete guard");
-            until("guard to go", Duration::from_secs(20), || async {
-                pods.get_opt("guard")
-                    .await
-                    .expect("get")
-                    .is_none()
-                    .then_some(())
-            })
-            .await;
+            wait_gone(&pods, "guard", Duration::from_secs(20)).await;
         },
     );
 }

@@ -94,27 +94,15 @@ impl Fixture {
         F: FnOnce(kube::Client, String) -> Fut + Send,
         Fut: std::future::Future<Output = ()>,
     {
-        let mut config = self.config(backoff);
-        adjust(&mut config);
-        let node = self.node.clone();
-        let kubeconfig = self.kubeconfig();
-        self.netns.run_async(|| async move {
-            let cluster = cluster(simkube::Cluster::builder())
-                .start()
-                .await
-                .expect("cluster");
-            let client = cluster.client();
-            cluster
-                .write_kubeconfig(&kubeconfig)
-                .expect("write kubeconfig");
-            let agent = Agent::new(client.clone(), config).expect("agent");
-            let shutdown = CancellationToken::new();
-            let handle = tokio::spawn(agent.run(shutdown.clone()));
-            body(client, node).await;
-            shutdown.cancel();
-            handle.await.expect("agent task").expect("agent ran");
-            cluster.shutdown().await;
-        });
+        self.run_stoppable(
+            backoff,
+            cluster,
+            adjust,
+            |client, node, control| async move {
+                body(client, node).await;
+                control
+            },
+        );
     }
 }
 
@@ -150,12 +138,16 @@ impl Fixture {
         let mut config = self.config(backoff);
         adjust(&mut config);
         let node = self.node.clone();
+        let kubeconfig = self.kubeconfig();
         self.netns.run_async(|| async move {
             let cluster = cluster(simkube::Cluster::builder())
                 .start()
                 .await
                 .expect("cluster");
             let client = cluster.client();
+            cluster
+                .write_kubeconfig(&kubeconfig)
+                .expect("write kubeconfig");
             let agent = Agent::new(client.clone(), config).expect("agent");
             let shutdown = CancellationToken::new();
             let handle = tokio::spawn(agent.run(shutdown.clone()));
