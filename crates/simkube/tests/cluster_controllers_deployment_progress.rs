@@ -7,7 +7,9 @@ mod cluster_controllers_support;
 
 use std::time::Duration;
 
-use cluster_controllers_support::{cluster, create_node, eventually, fake_kubelet, node};
+use cluster_controllers_support::{
+    cluster, create_node, deployment_condition, eventually, fake_kubelet, node,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -15,18 +17,7 @@ use serde_json::json;
 const DEADLINE_SECS: u64 = 3;
 
 fn progressing(d: &Deployment) -> Option<(String, String, String)> {
-    let c = d
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Progressing")?;
-    Some((
-        c.status.clone(),
-        c.reason.clone().unwrap_or_default(),
-        c.message.clone().unwrap_or_default(),
-    ))
+    deployment_condition(d, "Progressing")
 }
 
 #[tokio::test]

@@ -26,6 +26,23 @@ async fn start(controllers: Controllers) -> (simkube::Cluster, Client) {
     (cluster, client)
 }
 
+/// [`start`] with node `n1` registered; also gives the default namespace's pods.
+async fn start_with_n1(controllers: Controllers) -> (simkube::Cluster, Client, Api<Pod>) {
+    let (cluster, client) = start(controllers).await;
+    create_node(&client, &node("n1", "4", "8Gi", json!({}))).await;
+    let pods = Api::default_namespaced(client.clone());
+    (cluster, client, pods)
+}
+
+/// Creates `pods` through `api`.
+async fn create_all(api: &Api<Pod>, pods: impl IntoIterator<Item = Pod>) {
+    for p in pods {
+        api.create(&PostParams::default(), &p)
+            .await
+            .expect("create");
+    }
+}
+
 /// A pod bound to `n1` from the start, with these tolerations.
 fn bound_pod(name: &str, tolerations: Value) -> Pod {
     pod(name, json!({"nodeName": "n1", "tolerations": tolerations}))
@@ -116,22 +133,20 @@ async fn new_pods_get_the_default_toleration_seconds() {
 
 #[tokio::test]
 async fn no_execute_taints_evict_by_toleration() {
-    let (_cluster, client) = start(Controllers {
+    let (_cluster, client, pods) = start_with_n1(Controllers {
         taint_eviction: true,
         ..Controllers::none()
     })
     .await;
-    create_node(&client, &node("n1", "4", "8Gi", json!({}))).await;
-    let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    for p in [
-        bound_pod("intolerant", json!([])),
-        bound_pod("brief", tolerate("dedicated", Some(2))),
-        bound_pod("forever", tolerate("dedicated", None)),
-    ] {
-        pods.create(&PostParams::default(), &p)
-            .await
-            .expect("create");
-    }
+    create_all(
+        &pods,
+        [
+            bound_pod("intolerant", json!([])),
+            bound_pod("brief", tolerate("dedicated", Some(2))),
+            bound_pod("forever", tolerate("dedicated", None)),
+        ],
+    )
+    .await;
     // Untainted: nobody moves.
     tokio::time::sleep(Duration::from_millis(500)).await;
     for name in ["intolerant", "brief", "forever"] {
@@ -195,19 +210,12 @@ async fn no_execute_taints_evict_by_toleration() {
 
 #[tokio::test]
 async fn removing_the_taint_in_time_cancels_the_eviction() {
-    let (_cluster, client) = start(Controllers {
+    let (_cluster, client, pods) = start_with_n1(Controllers {
         taint_eviction: true,
         ..Controllers::none()
     })
     .await;
-    create_node(&client, &node("n1", "4", "8Gi", json!({}))).await;
-    let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    pods.create(
-        &PostParams::default(),
-        &bound_pod("spared", tolerate("dedicated", Some(2))),
-    )
-    .await
-    .expect("create");
+    create_all(&pods, [bound_pod("spared", tolerate("dedicated", Some(2)))]).await;
     taint(&client, no_execute("dedicated")).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     taint(&client, json!([])).await;
@@ -232,25 +240,22 @@ async fn removing_the_taint_in_time_cancels_the_eviction() {
 
 #[tokio::test]
 async fn an_unreachable_node_evicts_pods_after_their_toleration() {
-    let (_cluster, client) = start(Controllers {
+    // No Lease is ever renewed: the node lifecycle controller marks the node unreachable after
+    // its grace period (1 s) and the unreachable NoExecute taint starts the countdowns.
+    let (_cluster, _client, pods) = start_with_n1(Controllers {
         taint_eviction: true,
         node_lifecycle: true,
         ..Controllers::none()
     })
     .await;
-    // No Lease is ever renewed: the node lifecycle controller marks the node unreachable after
-    // its grace period (1 s) and the unreachable NoExecute taint starts the countdowns.
-    create_node(&client, &node("n1", "4", "8Gi", json!({}))).await;
-    let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    pods.create(
-        &PostParams::default(),
-        &bound_pod("short", tolerate("node.kubernetes.io/unreachable", Some(1))),
+    create_all(
+        &pods,
+        [
+            bound_pod("short", tolerate("node.kubernetes.io/unreachable", Some(1))),
+            bound_pod("default", json!([])),
+        ],
     )
-    .await
-    .expect("create");
-    pods.create(&PostParams::default(), &bound_pod("default", json!([])))
-        .await
-        .expect("create");
+    .await;
     eventually("the short-tolerance pod evicted", || async {
         evicted(&pods, "short").await.then_some(())
     })
@@ -261,16 +266,12 @@ async fn an_unreachable_node_evicts_pods_after_their_toleration() {
 
 #[tokio::test]
 async fn switched_off_it_evicts_nothing() {
-    let (_cluster, client) = start(Controllers {
+    let (_cluster, client, pods) = start_with_n1(Controllers {
         scheduler: true,
         ..Controllers::none()
     })
     .await;
-    create_node(&client, &node("n1", "4", "8Gi", json!({}))).await;
-    let pods: Api<Pod> = Api::default_namespaced(client.clone());
-    pods.create(&PostParams::default(), &bound_pod("stays", json!([])))
-        .await
-        .expect("create");
+    create_all(&pods, [bound_pod("stays", json!([]))]).await;
     taint(&client, no_execute("dedicated")).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(!evicted(&pods, "stays").await);

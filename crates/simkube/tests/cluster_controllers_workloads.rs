@@ -64,14 +64,8 @@ fn image_of(pod: &Pod) -> String {
 }
 
 fn condition_reason(d: &Deployment, type_: &str) -> Option<(String, String)> {
-    let c = d
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)?;
-    Some((c.status.clone(), c.reason.clone().unwrap_or_default()))
+    cluster_controllers_support::deployment_condition(d, type_)
+        .map(|(status, reason, _)| (status, reason))
 }
 
 /// Waits until the deployment reports `replicas` updated, available replicas and no others.

@@ -6,6 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
@@ -107,6 +108,25 @@ pub(crate) fn node_of(pod: &Pod) -> Option<String> {
 /// The pod's condition of this type: (status, reason, message).
 pub(crate) fn condition(pod: &Pod, type_: &str) -> Option<(String, String, String)> {
     let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)?;
+    Some((
+        c.status.clone(),
+        c.reason.clone().unwrap_or_default(),
+        c.message.clone().unwrap_or_default(),
+    ))
+}
+
+/// The deployment's condition of this type: (status, reason, message).
+pub(crate) fn deployment_condition(
+    d: &Deployment,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let c = d
         .status
         .as_ref()?
         .conditions
