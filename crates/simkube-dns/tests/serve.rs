@@ -150,6 +150,13 @@ impl Fixture {
         }
     }
 
+    /// Asks for `name`'s A records until they are exactly `want`.
+    async fn eventually_a(&self, what: &str, name: &str, want: &[&str]) -> DnsResponse {
+        let want = ips(want);
+        self.eventually(what, name, RecordType::A, |r| addresses(r) == want)
+            .await
+    }
+
     async fn stop(self) {
         self.shutdown.cancel();
         self.server
@@ -285,13 +292,11 @@ async fn headless_service_and_srv_over_udp_and_tcp() {
     )
     .await;
     create_slice(&client, "db", &["10.244.1.5".into(), "10.244.2.6".into()]).await;
-    let expected = ips(&["10.244.1.5", "10.244.2.6"]);
     let response = dns
-        .eventually(
+        .eventually_a(
             "the headless Service",
             "db.default.svc.cluster.local.",
-            RecordType::A,
-            |r| addresses(r) == expected,
+            &["10.244.1.5", "10.244.2.6"],
         )
         .await;
     assert_eq!(response.answers()[0].ttl(), 5);
@@ -467,12 +472,10 @@ async fn headless_answers_follow_pod_readiness_through_the_endpointslice_control
             .expect("create pod");
         set_pod_ready(&client, &format!("db-{i}"), ip, true).await;
     }
-    let both = ips(&["10.244.1.5", "10.244.2.6"]);
-    dns.eventually(
+    dns.eventually_a(
         "both pods",
         "db.default.svc.cluster.local.",
-        RecordType::A,
-        |r| addresses(r) == both,
+        &["10.244.1.5", "10.244.2.6"],
     )
     .await;
     // The pods' hostname and subdomain name them under the Service.
@@ -482,12 +485,10 @@ async fn headless_answers_follow_pod_readiness_through_the_endpointslice_control
     assert_eq!(addresses(&one), ips(&["10.244.2.6"]));
 
     set_pod_ready(&client, "db-1", "10.244.2.6", false).await;
-    let first = ips(&["10.244.1.5"]);
-    dns.eventually(
+    dns.eventually_a(
         "the unready pod gone",
         "db.default.svc.cluster.local.",
-        RecordType::A,
-        |r| addresses(r) == first,
+        &["10.244.1.5"],
     )
     .await;
     let gone = dns
