@@ -16,7 +16,8 @@ use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
 mod support;
 use support::{
-    Fixture, container_status, fast_backoff, netns_exists, pod, wait_pod, waiting_reason,
+    Fixture, container_status, create_exiting_sleeper, fast_backoff, netns_exists, pod, wait_pod,
+    waiting_reason,
 };
 
 #[test]
@@ -281,16 +282,7 @@ fn crashing_container_restarts_with_back_off() {
     let fixture = Fixture::new("skn-crash");
     fixture.run(fast_backoff(), |client, node| async move {
         let pods: Api<Pod> = Api::namespaced(client, "default");
-        let spec = pod(
-            "crasher",
-            &node,
-            "simkube.dev/sleeper",
-            &["--seconds", "0", "--exit-code", "3"],
-            "Always",
-        );
-        pods.create(&PostParams::default(), &spec)
-            .await
-            .expect("create");
+        create_exiting_sleeper(&pods, "crasher", &node, "3", "Always").await;
         let started = Instant::now();
         let looping = wait_pod(
             &pods,
@@ -337,16 +329,7 @@ fn crashing_container_restarts_with_back_off() {
         .await;
 
         // restartPolicy Never: one run, then Failed with the exit code.
-        let spec = pod(
-            "once",
-            &node,
-            "simkube.dev/sleeper",
-            &["--seconds", "0", "--exit-code", "4"],
-            "Never",
-        );
-        pods.create(&PostParams::default(), &spec)
-            .await
-            .expect("create");
+        create_exiting_sleeper(&pods, "once", &node, "4", "Never").await;
         let failed = wait_pod(&pods, "once", Duration::from_secs(20), "Failed", |p| {
             p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Failed")
         })

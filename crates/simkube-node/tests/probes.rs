@@ -155,16 +155,7 @@ fn crashing_container_backs_off_longer_each_time_and_counts_restarts() {
     fixture.run(fast_backoff(), |client, node| async move {
         let pods_client = &client;
         let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        let spec = support::pod(
-            "crasher",
-            &node,
-            "simkube.dev/sleeper",
-            &["--seconds", "0", "--exit-code", "3"],
-            "Always",
-        );
-        pods.create(&PostParams::default(), &spec)
-            .await
-            .expect("create");
+        support::create_exiting_sleeper(&pods, "crasher", &node, "3", "Always").await;
         // When each restart count first shows, and the back-off messages seen meanwhile.
         let mut seen_at: Vec<(i32, Instant)> = Vec::new();
         let mut messages: Vec<String> = Vec::new();

@@ -170,6 +170,26 @@ async fn taint_dedicated(client: &kube::Client, node: &str, effect: &str) {
         .expect("taint the node");
 }
 
+/// Runs `body` on a fresh node fixture (labelled `label`) whose cluster runs `controllers`, once
+/// the node is Ready; `body` gets the client, the node's name and its sandbox prefix.
+fn run_on_ready_node<F, Fut>(label: &str, controllers: Controllers, body: F)
+where
+    F: FnOnce(kube::Client, String, String) -> Fut + Send,
+    Fut: std::future::Future<Output = ()>,
+{
+    let fixture = Fixture::new(label);
+    let prefix = fixture.prefix.clone();
+    fixture.run_with(
+        fast_backoff(),
+        |builder| builder.controllers(controllers),
+        |_| {},
+        |client, node| async move {
+            wait_node_ready(&client, &node).await;
+            body(client, node, prefix).await;
+        },
+    );
+}
+
 /// A sleeper pod for the scheduler to place (no `nodeName`).
 fn unbound_sleeper(name: &str, tolerations: serde_json::Value) -> Pod {
     let mut p = pod(name, "", "simkube.dev/sleeper", &[], "Always");
@@ -184,19 +204,13 @@ fn untolerated_taints_keep_pods_pending_until_a_toleration_lets_them_run() {
     if !require_root_or_skip() {
         return;
     }
-    let fixture = Fixture::new("skn-taint");
-    let prefix = fixture.prefix.clone();
-    fixture.run_with(
-        fast_backoff(),
-        |builder| {
-            builder.controllers(Controllers {
-                scheduler: true,
-                ..Controllers::none()
-            })
+    run_on_ready_node(
+        "skn-taint",
+        Controllers {
+            scheduler: true,
+            ..Controllers::none()
         },
-        |_| {},
-        |client, node| async move {
-            wait_node_ready(&client, &node).await;
+        |client, node, prefix| async move {
             taint_dedicated(&client, &node, "NoSchedule").await;
 
             let pods: Api<Pod> = Api::default_namespaced(client.clone());
@@ -415,20 +429,14 @@ fn deleting_a_namespace_stops_its_pods_and_removes_their_sandboxes() {
     if !require_root_or_skip() {
         return;
     }
-    let fixture = Fixture::new("skn-nsdel");
-    let prefix = fixture.prefix.clone();
-    fixture.run_with(
-        fast_backoff(),
-        |builder| {
-            builder.controllers(Controllers {
-                namespace: true,
-                garbage_collector: true,
-                ..Controllers::none()
-            })
+    run_on_ready_node(
+        "skn-nsdel",
+        Controllers {
+            namespace: true,
+            garbage_collector: true,
+            ..Controllers::none()
         },
-        |_| {},
-        |client, node| async move {
-            wait_node_ready(&client, &node).await;
+        |client, node, prefix| async move {
             let namespaces: Api<Namespace> = Api::all(client.clone());
             namespaces
                 .create(
@@ -502,20 +510,14 @@ fn a_no_execute_taint_evicts_running_pods_that_do_not_tolerate_it() {
     if !require_root_or_skip() {
         return;
     }
-    let fixture = Fixture::new("skn-noexec");
-    let prefix = fixture.prefix.clone();
-    fixture.run_with(
-        fast_backoff(),
-        |builder| {
-            builder.controllers(Controllers {
-                scheduler: true,
-                taint_eviction: true,
-                ..Controllers::none()
-            })
+    run_on_ready_node(
+        "skn-noexec",
+        Controllers {
+            scheduler: true,
+            taint_eviction: true,
+            ..Controllers::none()
         },
-        |_| {},
-        |client, node| async move {
-            wait_node_ready(&client, &node).await;
+        |client, node, prefix| async move {
             let pods: Api<Pod> = Api::default_namespaced(client.clone());
             pods.create(&PostParams::default(), &unbound_sleeper("web", json!([])))
                 .await

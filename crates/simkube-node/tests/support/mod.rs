@@ -198,6 +198,27 @@ pub(crate) fn pod(name: &str, node: &str, image: &str, args: &[&str], restart: &
     .expect("pod")
 }
 
+/// A sleeper pod whose container exits at once with `exit_code` (a crash loop under
+/// restartPolicy Always).
+pub(crate) async fn create_exiting_sleeper(
+    api: &Api<Pod>,
+    name: &str,
+    node: &str,
+    exit_code: &str,
+    restart: &str,
+) {
+    let spec = pod(
+        name,
+        node,
+        "simkube.dev/sleeper",
+        &["--seconds", "0", "--exit-code", exit_code],
+        restart,
+    );
+    api.create(&kube::api::PostParams::default(), &spec)
+        .await
+        .expect("create");
+}
+
 /// Polls `get` until `check` accepts the pod; panics with the last pod seen after `timeout`.
 pub(crate) async fn wait_pod(
     api: &Api<Pod>,
