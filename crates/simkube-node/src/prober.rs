@@ -967,6 +967,21 @@ fn pod_grace(pod: &Pod) -> Duration {
 mod tests {
     use super::*;
 
+    /// A probe target at `pod_ip` whose "container" is this test process in its own namespace.
+    fn target_in_this_process(pod_ip: IpAddr, container: Container) -> ProbeTarget {
+        ProbeTarget {
+            pod_ip,
+            container,
+            running: RunningContainer {
+                pod_uid: "u".into(),
+                pid: std::process::id(),
+                netns: "/proc/self/ns/net".into(),
+                env: Vec::new(),
+                working_dir: "/".into(),
+            },
+        }
+    }
+
     #[test]
     fn health_messages_round_trip() {
         assert_eq!(health_request(""), vec![0, 0, 0, 0, 0]);
@@ -1079,17 +1094,7 @@ mod tests {
                 );
             }
         });
-        let target = ProbeTarget {
-            pod_ip: ip,
-            container: Container::default(),
-            running: RunningContainer {
-                pod_uid: "u".into(),
-                pid: std::process::id(),
-                netns: "/proc/self/ns/net".into(),
-                env: Vec::new(),
-                working_dir: "/".into(),
-            },
-        };
+        let target = target_in_this_process(ip, Container::default());
         let check = |service: &str| Action::Grpc {
             port,
             service: service.into(),
@@ -1140,17 +1145,7 @@ mod tests {
                 });
             }
         });
-        let target = ProbeTarget {
-            pod_ip: ip,
-            container: Container::default(),
-            running: RunningContainer {
-                pod_uid: "u".into(),
-                pid: std::process::id(),
-                netns: "/proc/self/ns/net".into(),
-                env: Vec::new(),
-                working_dir: "/".into(),
-            },
-        };
+        let target = target_in_this_process(ip, Container::default());
         let get = |path: &str| Action::HttpGet {
             scheme: Scheme::Https,
             host: None,
@@ -1171,20 +1166,13 @@ mod tests {
 
     #[tokio::test]
     async fn network_probes_against_loopback() {
-        let target = ProbeTarget {
-            pod_ip: IpAddr::from([127, 0, 0, 1]),
-            container: serde_json::from_value(json!({
+        let target = target_in_this_process(
+            IpAddr::from([127, 0, 0, 1]),
+            serde_json::from_value(json!({
                 "name": "web", "ports": [{"name": "http", "containerPort": 1}]
             }))
             .expect("container"),
-            running: RunningContainer {
-                pod_uid: "u".into(),
-                pid: std::process::id(),
-                netns: "/proc/self/ns/net".into(),
-                env: Vec::new(),
-                working_dir: "/".into(),
-            },
-        };
+        );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
