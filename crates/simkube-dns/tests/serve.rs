@@ -40,12 +40,7 @@ impl Fixture {
     }
 
     async fn with_controllers(controllers: Controllers) -> Self {
-        let cluster = simkube::Cluster::builder()
-            .controllers(controllers)
-            .start()
-            .await
-            .expect("start simkube");
-        let fixture = Self::serve(cluster).await;
+        let fixture = Self::serve(start_cluster(controllers).await).await;
         // The server answers SERVFAIL until its watches listed the cluster.
         fixture
             .eventually("the first answer", "cluster.local.", RecordType::SOA, |r| {
@@ -165,6 +160,15 @@ impl Fixture {
             .expect("server stops cleanly");
         self.cluster.shutdown().await;
     }
+}
+
+/// A simulated cluster running `controllers`.
+async fn start_cluster(controllers: Controllers) -> simkube::Cluster {
+    simkube::Cluster::builder()
+        .controllers(controllers)
+        .start()
+        .await
+        .expect("start simkube")
 }
 
 async fn ask(client: &mut DnsClient, name: &str, qtype: RecordType) -> DnsResponse {
@@ -500,10 +504,7 @@ async fn headless_answers_follow_pod_readiness_through_the_endpointslice_control
 
 #[tokio::test]
 async fn failing_watches_answer_servfail_never_nxdomain() {
-    let cluster = simkube::Cluster::builder()
-        .start()
-        .await
-        .expect("start simkube");
+    let cluster = start_cluster(Controllers::none()).await;
     // The first lists fail; the watcher retries with back-off (about a second).
     cluster.fail_next("list", "services", 2, ApiError::internal("injected"));
     let dns = Fixture::serve(cluster).await;
@@ -533,10 +534,7 @@ async fn failing_watches_answer_servfail_never_nxdomain() {
 
 #[tokio::test]
 async fn an_invalid_domain_is_an_error_naming_it() {
-    let cluster = simkube::Cluster::builder()
-        .start()
-        .await
-        .expect("start simkube");
+    let cluster = start_cluster(Controllers::none()).await;
     let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
         .await
         .expect("bind udp");
