@@ -23,6 +23,9 @@ use support::{Fixture, container_status, fast_backoff, wait_pod};
 /// The image the test pods use: a shell, with the command from the pod.
 const SHELL_IMAGE: &str = "test.invalid/shell";
 
+/// A container script that idles, for sessions to exec into.
+const IDLE_SCRIPT: &str = "exec sleep 100000";
+
 fn with_shell_image(config: &mut AgentConfig) {
     config.images = config.images.clone().with_entry(ImageEntry {
         image: SHELL_IMAGE.to_owned(),
@@ -292,15 +295,7 @@ fn kubectl_exec_runs_commands_inside_the_container() {
     let work = tempfile::tempdir().expect("working dir");
     run_with_shell(&fixture, |client, node| async move {
         let api: Api<Pod> = Api::namespaced(client, "default");
-        create_shell_pod(
-            &api,
-            "shell",
-            &node,
-            "exec sleep 100000",
-            "Always",
-            work.path(),
-        )
-        .await;
+        create_shell_pod(&api, "shell", &node, IDLE_SCRIPT, "Always", work.path()).await;
         let pod = wait_running(&api, "shell", 0).await;
         let pod_ip = pod
             .status
@@ -428,15 +423,7 @@ fn kube_rs_exec_attach_and_metrics() {
     );
     run_with_shell(&fixture, |client, node| async move {
         let api: Api<Pod> = Api::namespaced(client.clone(), "default");
-        create_shell_pod(
-            &api,
-            "shell",
-            &node,
-            "exec sleep 100000",
-            "Always",
-            dir.path(),
-        )
-        .await;
+        create_shell_pod(&api, "shell", &node, IDLE_SCRIPT, "Always", dir.path()).await;
         create_shell_pod(&api, "poker", &node, &poker, "Never", dir.path()).await;
         wait_running(&api, "shell", 0).await;
         wait_running(&api, "poker", 0).await;
