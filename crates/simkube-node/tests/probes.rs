@@ -39,13 +39,7 @@ fn echo_pod(name: &str, node: &str, args: &[&str], container: Value) -> Pod {
 }
 
 fn condition(pod: &Pod, kind: &str) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == kind)
-        .map(|c| c.status.clone())
+    support::pod_condition(pod, kind).map(|(status, _, _)| status)
 }
 
 fn running(pod: &Pod) -> bool {

@@ -15,30 +15,10 @@ use simkube_node::sandbox;
 use tether_testkit::{patience, require_root_or_skip};
 
 mod support;
-use support::{Fixture, fast_backoff, netns_exists, pod, wait_pod};
-
-/// The condition of this type on a pod: (status, reason, message).
-fn pod_condition(pod: &Pod, type_: &str) -> Option<(String, String, String)> {
-    let c = pod
-        .status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == type_)?;
-    Some((
-        c.status.clone(),
-        c.reason.clone().unwrap_or_default(),
-        c.message.clone().unwrap_or_default(),
-    ))
-}
+use support::{Fixture, fast_backoff, netns_exists, phase, pod, pod_condition, wait_pod};
 
 fn is_ready(pod: &Pod) -> bool {
     pod_condition(pod, "Ready").is_some_and(|c| c.0 == "True")
-}
-
-fn phase(pod: &Pod) -> Option<&str> {
-    pod.status.as_ref()?.phase.as_deref()
 }
 
 /// The node's Ready condition: (status, reason).

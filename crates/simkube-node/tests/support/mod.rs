@@ -244,6 +244,27 @@ pub(crate) async fn wait_pod(
     }
 }
 
+/// The condition of this type on a pod: (status, reason, message).
+pub(crate) fn pod_condition(pod: &Pod, type_: &str) -> Option<(String, String, String)> {
+    let c = pod
+        .status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)?;
+    Some((
+        c.status.clone(),
+        c.reason.clone().unwrap_or_default(),
+        c.message.clone().unwrap_or_default(),
+    ))
+}
+
+/// The pod's phase, if it has one yet.
+pub(crate) fn phase(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref()?.phase.as_deref()
+}
+
 pub(crate) fn container_status(pod: &Pod) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
     pod.status.as_ref()?.container_statuses.as_ref()?.first()
 }
