@@ -17,6 +17,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::{Client, Resource as _, ResourceExt as _};
+use rand::Rng as _;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -432,26 +433,44 @@ pub enum Decision {
 }
 
 /// Picks the best node for `pod`: the highest least-allocated score among the nodes that pass
-/// every filter, ties broken by name.
+/// every filter, ties broken by name (see [`schedule_with`] for kube-scheduler's random pick).
 pub fn schedule(pod: &Pod, nodes: &[NodeUsage<'_>]) -> Decision {
-    let mut best: Option<(i128, &str)> = None;
+    schedule_with(pod, nodes, |_| 0)
+}
+
+/// [`schedule`], with `choose(n)` picking one of the `n` best-scoring nodes (in name order).
+/// kube-scheduler picks uniformly at random among them; without that, equally scored nodes
+/// (pods without requests quickly score 0 everywhere) would fill up in name order.
+pub fn schedule_with(
+    pod: &Pod,
+    nodes: &[NodeUsage<'_>],
+    mut choose: impl FnMut(usize) -> usize,
+) -> Decision {
+    let mut best: Option<i128> = None;
+    let mut tied: Vec<&str> = Vec::new();
     let mut failures: Vec<Vec<Unfit>> = Vec::new();
     for usage in nodes {
         let unfit = filter(pod, usage);
         if unfit.is_empty() {
             let s = score(pod, usage);
             let name = usage.node.metadata.name.as_deref().unwrap_or_default();
-            if best.is_none_or(|(bs, bn)| s > bs || (s == bs && name < bn)) {
-                best = Some((s, name));
+            if best.is_none_or(|b| s > b) {
+                best = Some(s);
+                tied.clear();
+            }
+            if best == Some(s) {
+                tied.push(name);
             }
         } else {
             failures.push(unfit);
         }
     }
-    match best {
-        Some((_, name)) => Decision::Bind(name.to_owned()),
-        None => Decision::Unschedulable(fit_error_message(nodes.len(), &failures)),
+    if tied.is_empty() {
+        return Decision::Unschedulable(fit_error_message(nodes.len(), &failures));
     }
+    tied.sort_unstable();
+    let pick = choose(tied.len()).min(tied.len() - 1);
+    Decision::Bind(tied[pick].to_owned())
 }
 
 /// "0/N nodes are available: ..." with the per-reason counts sorted as the real scheduler
@@ -596,7 +615,7 @@ impl Scheduler {
             })
         });
         for pod in pending {
-            match schedule(&pod, &usage) {
+            match schedule_with(&pod, &usage, |n| rand::rng().random_range(0..n)) {
                 Decision::Bind(node) => {
                     if self.bind(&pod, &node).await {
                         if let Some(&i) = index.get(&node) {

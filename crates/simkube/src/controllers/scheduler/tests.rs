@@ -263,6 +263,36 @@ fn least_allocated_spreads() {
 }
 
 #[test]
+fn ties_go_to_the_chosen_one_of_the_best_nodes_in_name_order() {
+    let (c, a, b) = (
+        node("c", json!({})),
+        node("a", json!({})),
+        node("b", json!({"status": {"allocatable": {"cpu": "100m"}}})),
+    );
+    let usage = vec![NodeUsage::new(&c), NodeUsage::new(&a), NodeUsage::new(&b)];
+    let p = pod(json!({}));
+    let mut offered = Vec::new();
+    let picked: Vec<Decision> = (0..3)
+        .map(|i| {
+            schedule_with(&p, &usage, |n| {
+                offered.push(n);
+                i
+            })
+        })
+        .collect();
+    // "b" scores lower (its small cpu), so only "a" and "c" tie; an out-of-range pick is clamped.
+    assert_eq!(offered, [2, 2, 2]);
+    assert_eq!(
+        picked,
+        [
+            Decision::Bind("a".into()),
+            Decision::Bind("c".into()),
+            Decision::Bind("c".into())
+        ]
+    );
+}
+
+#[test]
 fn unschedulable_message_is_worded_as_the_real_scheduler() {
     let tainted = node(
         "a",
