@@ -977,13 +977,7 @@ fn mib(kib: u64) -> String {
 }
 
 fn require_root() -> anyhow::Result<()> {
-    // The effective UID is the second field of `Uid:`.
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let euid = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_owned));
-    if euid.as_deref() == Some("0") {
+    if simkube_cluster::ops::is_root() {
         Ok(())
     } else {
         bail!(

@@ -410,15 +410,20 @@ fn teardown(
     state.remove_cluster(&record.name)
 }
 
-/// Network namespaces, veths and bridges need CAP_SYS_ADMIN and CAP_NET_ADMIN.
-fn require_root() -> Result<(), Error> {
+/// Whether this process runs with effective UID 0.
+pub fn is_root() -> bool {
     // The effective UID is the second field of `Uid:` (no unsafe libc call needed).
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let euid = status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
         .and_then(|ids| ids.split_whitespace().nth(1).map(str::to_owned));
-    if euid.as_deref() == Some("0") {
+    euid.as_deref() == Some("0")
+}
+
+/// Network namespaces, veths and bridges need CAP_SYS_ADMIN and CAP_NET_ADMIN.
+fn require_root() -> Result<(), Error> {
+    if is_root() {
         Ok(())
     } else {
         Err(Error::Invalid(
