@@ -1,0 +1,260 @@
+//! `core.tether.dev`: ForeignCluster, one per remote cluster on each side of a peering.
+
+use kube_derive::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::conditions::{Condition, Time};
+
+/// A remote cluster this cluster peers with, in either direction. On a consumer it holds how
+/// to reach the provider's authentication service; on a provider the controller creates it
+/// when a consumer authenticates. Its status summarises every peering module.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "core.tether.dev",
+    version = "v1alpha1",
+    kind = "ForeignCluster",
+    plural = "foreignclusters",
+    shortname = "fc",
+    category = "tether",
+    status = "ForeignClusterStatus",
+    derive = "PartialEq",
+    crates(kube_core = "::kube_core"),
+    doc = "A remote cluster this cluster peers with; its status summarises every peering module.",
+    printcolumn(name = "Cluster ID", type_ = "string", json_path = ".spec.clusterID"),
+    printcolumn(name = "Role", type_ = "string", json_path = ".status.role"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Authentication",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Authentication\")].status"
+    ),
+    printcolumn(
+        name = "Networking",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Networking\")].status"
+    ),
+    printcolumn(
+        name = "Offloading",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Offloading\")].status"
+    ),
+    printcolumn(
+        name = "API Server",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"APIServerReachable\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ForeignClusterSpec {
+    /// The remote cluster's ID (a DNS-1123 label of at most 49 characters). The object's name
+    /// must equal it.
+    #[serde(rename = "clusterID")]
+    #[schemars(length(min = 1, max = 49), regex(pattern = crate::cluster_id::PATTERN))]
+    pub cluster_id: String,
+
+    /// How this cluster reaches the remote cluster as its consumer. Present when this cluster
+    /// consumes resources of the remote one (the remote is a provider); absent when the remote
+    /// cluster only consumes from this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<ProviderAccess>,
+
+    /// Which peering modules are on for the direction in which this cluster is the consumer.
+    #[serde(default)]
+    pub modules: Modules,
+}
+
+/// Where and how to authenticate to a provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProviderAccess {
+    /// HTTPS URL of the provider's authentication service, for example
+    /// `https://198.51.100.7:443`.
+    #[serde(rename = "authURL")]
+    #[schemars(
+        length(max = 2048),
+        regex(pattern = r"^https://[^\s/]+(:[0-9]{1,5})?/?$")
+    )]
+    pub auth_url: String,
+
+    /// SHA-256 fingerprint of the authentication service's certificate, `sha256:` and 64
+    /// lower-case hex digits. The consumer accepts no other certificate.
+    #[schemars(regex(pattern = r"^sha256:[0-9a-f]{64}$"))]
+    pub ca_fingerprint: String,
+
+    /// Secret in `tether-system` holding the peering token under the key `token`. Needed only
+    /// until the first identity is issued; the controller deletes the Secret afterwards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_secret_ref: Option<LocalObjectRef>,
+}
+
+/// A reference to an object by name, in a namespace the context defines.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct LocalObjectRef {
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A reference to a namespaced object.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct ObjectRef {
+    /// Namespace of the object.
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    /// Name of the object.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// The peering modules. Authentication is the base of the others.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Modules {
+    /// Authentication: the provider issues this cluster an identity confined to a tenant
+    /// namespace.
+    #[serde(default = "ModuleSpec::on")]
+    pub authentication: ModuleSpec,
+    /// Networking: a WireGuard tunnel joins the two clusters' pod networks.
+    #[serde(default)]
+    pub networking: ModuleSpec,
+    /// Offloading: the provider's resources appear here as a virtual node.
+    #[serde(default)]
+    pub offloading: ModuleSpec,
+}
+
+impl Default for Modules {
+    fn default() -> Self {
+        Self {
+            authentication: ModuleSpec::on(),
+            networking: ModuleSpec::default(),
+            offloading: ModuleSpec::default(),
+        }
+    }
+}
+
+/// One module's switch.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ModuleSpec {
+    /// Whether the module is on.
+    #[serde(default)]
+    pub enabled: bool,
+}
+
+impl ModuleSpec {
+    /// An enabled module.
+    pub fn on() -> Self {
+        Self { enabled: true }
+    }
+}
+
+/// What the remote cluster is to this one.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Role {
+    /// The remote cluster consumes resources of this one.
+    Consumer,
+    /// This cluster consumes resources of the remote one.
+    Provider,
+    /// Both directions.
+    ConsumerAndProvider,
+    /// Neither direction is established yet.
+    Unknown,
+}
+
+/// Where a peering stands, for humans and metrics.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Phase {
+    /// Waiting for the first step.
+    Pending,
+    /// Authenticating to the provider.
+    Authenticating,
+    /// Every enabled module is ready.
+    Established,
+    /// A module failed; the conditions say why.
+    Failed,
+    /// The peering is being torn down.
+    Unpeering,
+}
+
+impl Phase {
+    /// Every phase, for metrics that report a gauge per phase.
+    pub const ALL: [Phase; 5] = [
+        Self::Pending,
+        Self::Authenticating,
+        Self::Established,
+        Self::Failed,
+        Self::Unpeering,
+    ];
+
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Authenticating => "Authenticating",
+            Self::Established => "Established",
+            Self::Failed => "Failed",
+            Self::Unpeering => "Unpeering",
+        }
+    }
+}
+
+/// Observed state of a peering.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ForeignClusterStatus {
+    /// What the remote cluster is to this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// Where the peering stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The remote API server this cluster talks to with its identity.
+    #[serde(
+        rename = "apiServerURL",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub api_server_url: Option<String>,
+    /// The per-peer namespaces.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_namespace: Option<TenantNamespaces>,
+    /// The identity this cluster holds on the provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<IdentityStatus>,
+    /// Per-module conditions: Authentication, Networking, Offloading, APIServerReachable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// The per-peer namespaces on both sides.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct TenantNamespaces {
+    /// The namespace in this cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<String>,
+    /// The namespace in the remote cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<String>,
+}
+
+/// The identity a consumer holds on its provider.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityStatus {
+    /// The Secret holding the kubeconfig.
+    pub secret_ref: ObjectRef,
+    /// The Kubernetes username of the identity.
+    pub username: String,
+    /// When the current credential expires.
+    pub expires_at: Time,
+    /// When the controller renews it.
+    pub renew_at: Time,
+    /// How many times it has been renewed.
+    #[serde(default)]
+    pub renewals: u32,
+}

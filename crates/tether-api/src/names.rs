@@ -1,0 +1,104 @@
+//! Well-known names: namespaces, labels, annotations, finalizers and object names that every
+//! component and the CLI agree on.
+
+use crate::ClusterId;
+
+/// The namespace Tether is installed in.
+pub const SYSTEM_NAMESPACE: &str = "tether-system";
+/// Prefix of the per-peer namespace, on both sides of a peering.
+pub const TENANT_NAMESPACE_PREFIX: &str = "tether-tenant-";
+
+/// The per-peer namespace for the remote cluster `remote`.
+pub fn tenant_namespace(remote: &ClusterId) -> String {
+    format!("{TENANT_NAMESPACE_PREFIX}{remote}")
+}
+
+/// The Kubernetes username a consumer's client certificate carries on its provider.
+pub fn consumer_username(consumer: &ClusterId) -> String {
+    format!("tether:consumer:{consumer}")
+}
+
+/// Labels.
+pub mod labels {
+    /// The remote cluster an object belongs to.
+    pub const REMOTE_CLUSTER_ID: &str = "tether.dev/remote-cluster-id";
+    /// Marks a per-peer namespace.
+    pub const TENANT_NAMESPACE: &str = "tether.dev/tenant-namespace";
+    /// Which Tether part an object belongs to (`controller`, `auth`, `gateway`, ...).
+    pub const COMPONENT: &str = "tether.dev/component";
+    /// Marks a peering-token Secret.
+    pub const PEERING_TOKEN: &str = "tether.dev/peering-token";
+    /// The standard managed-by label; its value is [`MANAGED_BY_VALUE`].
+    pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+    /// The value of [`MANAGED_BY`] on everything Tether creates.
+    pub const MANAGED_BY_VALUE: &str = "tether";
+    /// The standard part-of label, `tether` on everything `tether install` creates.
+    pub const PART_OF: &str = "app.kubernetes.io/part-of";
+}
+
+/// Annotations.
+pub mod annotations {
+    /// When a peering token expires (RFC 3339).
+    pub const TOKEN_EXPIRES: &str = "tether.dev/expires";
+    /// A human note on a peering token (`--description`).
+    pub const TOKEN_DESCRIPTION: &str = "tether.dev/description";
+}
+
+/// Finalizers.
+pub mod finalizers {
+    /// Held by a ForeignCluster until its peering is torn down on both sides.
+    pub const PEERING: &str = "core.tether.dev/peering";
+    /// Held by a Tenant until its namespace, roles and identity are revoked.
+    pub const TENANT: &str = "authentication.tether.dev/tenant";
+}
+
+/// Names of objects `tether install` and the controller create in [`SYSTEM_NAMESPACE`].
+pub mod objects {
+    /// The controller's ServiceAccount, ClusterRole(Binding), Role(Binding) and Deployment.
+    pub const CONTROLLER: &str = "tether-controller";
+    /// The ClusterRole the controller binds to itself in each tenant namespace.
+    pub const CONTROLLER_TENANT_ROLE: &str = "tether-controller-tenant";
+    /// The ClusterRole bound to a consumer's identity in its tenant namespace on the provider.
+    pub const TENANT_ROLE: &str = "tether-tenant";
+    /// The authentication Service.
+    pub const AUTH_SERVICE: &str = "tether-auth";
+    /// ConfigMap holding the cluster ID (written once by `tether install`).
+    pub const CLUSTER_ID_CONFIGMAP: &str = "tether-cluster-id";
+    /// Key of the cluster ID in [`CLUSTER_ID_CONFIGMAP`].
+    pub const CLUSTER_ID_KEY: &str = "clusterID";
+    /// Secret with the cluster's Ed25519 key pair (created once by the controller).
+    pub const IDENTITY_SECRET: &str = "tether-identity";
+    /// Public facts peers may know: cluster ID, public key, authentication certificate
+    /// fingerprint and URL. Written by the controller.
+    pub const PUBLIC_IDENTITY_CONFIGMAP: &str = "tether-public-identity";
+    /// Secret with the authentication service's TLS certificate and key.
+    pub const AUTH_TLS_SECRET: &str = "tether-auth-tls";
+    /// The Lease of the controller's leader election.
+    pub const LEADER_LEASE: &str = "tether-controller";
+    /// Secret (in the local tenant namespace) with the kubeconfig for a provider.
+    pub const PROVIDER_KUBECONFIG_SECRET: &str = "tether-provider-kubeconfig";
+    /// The container image of every Tether daemon.
+    pub const IMAGE: &str = "ghcr.io/tether-dev/tetherd";
+}
+
+/// Keys of the public identity ConfigMap.
+pub mod public_identity {
+    /// The cluster ID.
+    pub const CLUSTER_ID: &str = "clusterID";
+    /// The Ed25519 public key, base64.
+    pub const PUBLIC_KEY: &str = "publicKey";
+    /// `sha256:<hex>` of the authentication service's certificate (DER).
+    pub const AUTH_FINGERPRINT: &str = "authFingerprint";
+    /// The API server URL peers should use.
+    pub const API_SERVER_URL: &str = "apiServerURL";
+}
+
+/// Keys of the identity Secret.
+pub mod identity_secret {
+    /// The cluster ID the key belongs to.
+    pub const CLUSTER_ID: &str = "clusterID";
+    /// PKCS#8 document of the Ed25519 key pair.
+    pub const PRIVATE_KEY: &str = "privateKey.pk8";
+    /// The raw 32-byte public key.
+    pub const PUBLIC_KEY: &str = "publicKey";
+}
