@@ -89,6 +89,8 @@ pub mod public_identity {
     pub const PUBLIC_KEY: &str = "publicKey";
     /// `sha256:<hex>` of the authentication service's certificate (DER).
     pub const AUTH_FINGERPRINT: &str = "authFingerprint";
+    /// The authentication service's URL as other clusters reach it.
+    pub const AUTH_URL: &str = "authURL";
     /// The API server URL peers should use.
     pub const API_SERVER_URL: &str = "apiServerURL";
 }

@@ -1,0 +1,759 @@
+//! ForeignCluster reconciler: on a consumer it drives the authentication module (identity
+//! issued with a token, renewed before it expires, revoked on unpeer) and checks the provider's
+//! API server; on every cluster it summarises the peering in the status.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::finalizer::{Event, finalizer};
+use tether_api::ClusterId;
+use tether_api::authentication::{ResourceSlice, Tenant};
+use tether_api::conditions::{self, Status, Time, types};
+use tether_api::core::{
+    ForeignCluster, ForeignClusterStatus, IdentityStatus, ObjectRef, Phase, TenantNamespaces,
+};
+use tether_api::names::{self, finalizers, objects};
+use tether_api::peering::TOKEN_KEY;
+
+use crate::auth::client::{AuthClient, ClientError};
+use crate::auth::csr::ClientKey;
+use crate::auth::protocol::{self, IdentityRequest, RevocationRequest};
+use crate::context::{Ctx, FIELD_MANAGER};
+use crate::kubeconfig::Stored;
+use crate::{Error, namespaces};
+
+pub mod status;
+
+/// Clients for providers' API servers, rebuilt when the kubeconfig Secret changes.
+#[derive(Default)]
+pub struct ProviderClients {
+    by_cluster: Mutex<HashMap<String, (String, kube::Client)>>,
+}
+
+impl ProviderClients {
+    fn get(&self, cluster: &str, version: &str, kubeconfig: &str) -> Result<kube::Client, String> {
+        let mut map = self
+            .by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some((v, c)) = map.get(cluster)
+            && v == version
+        {
+            return Ok(c.clone());
+        }
+        let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+            .map_err(|e| format!("the stored kubeconfig is unreadable: {e}"))?;
+        let config = futures::executor::block_on(kube::Config::from_custom_kubeconfig(
+            parsed,
+            &kube::config::KubeConfigOptions::default(),
+        ))
+        .map_err(|e| format!("the stored kubeconfig is unusable: {e}"))?;
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("building a client: {e}"))?;
+        map.insert(cluster.to_owned(), (version.to_owned(), client.clone()));
+        Ok(client)
+    }
+
+    fn forget(&self, cluster: &str) {
+        self.by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(cluster);
+    }
+}
+
+/// The reconciler's state.
+pub struct FcCtx {
+    /// Shared controller state.
+    pub ctx: Arc<Ctx>,
+    /// Provider API clients.
+    pub clients: ProviderClients,
+}
+
+fn unix_now() -> i64 {
+    k8s_openapi::jiff::Timestamp::now().as_second()
+}
+
+fn time(secs: i64) -> Time {
+    Time(k8s_openapi::jiff::Timestamp::from_second(secs).unwrap_or_default())
+}
+
+fn now_time() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+/// Reconciles one ForeignCluster.
+pub async fn reconcile(fc: Arc<ForeignCluster>, fctx: Arc<FcCtx>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let api: Api<ForeignCluster> = Api::all(fctx.ctx.client.clone());
+    let result = finalizer(&api, finalizers::PEERING, fc, |event| async {
+        match event {
+            Event::Apply(fc) => apply(&fc, &fctx).await,
+            Event::Cleanup(fc) => cleanup(&fc, &fctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e)
+        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+            Error::kube("updating the ForeignCluster's finalizers")(e)
+        }
+        other => Error::Invalid(format!("ForeignCluster finalizer: {other}")),
+    });
+    fctx.ctx
+        .metrics
+        .reconciled("foreigncluster", result.as_ref().err(), started.elapsed());
+    result
+}
+
+/// The outcome of one step of the authentication module, for the status.
+struct AuthOutcome {
+    phase: Phase,
+    status: Status,
+    reason: &'static str,
+    message: String,
+    requeue: Duration,
+}
+
+impl AuthOutcome {
+    fn failed(e: &ClientError) -> Self {
+        let transient = e.is_transient();
+        let retry = match e {
+            ClientError::Refused {
+                retry_after: Some(s),
+                ..
+            } => Duration::from_secs(*s),
+            _ if transient => Duration::from_secs(5),
+            _ => Duration::from_secs(300),
+        };
+        Self {
+            phase: if transient {
+                Phase::Authenticating
+            } else {
+                Phase::Failed
+            },
+            status: Status::False,
+            reason: e.condition_reason(),
+            message: e.to_string(),
+            requeue: retry,
+        }
+    }
+
+    fn fatal(reason: &'static str, message: String) -> Self {
+        Self {
+            phase: Phase::Failed,
+            status: Status::False,
+            reason,
+            message,
+            requeue: Duration::from_secs(300),
+        }
+    }
+}
+
+fn remote_id(fc: &ForeignCluster) -> Result<ClusterId, String> {
+    let id = ClusterId::new(fc.spec.cluster_id.clone()).map_err(|e| e.to_string())?;
+    if fc.metadata.name.as_deref() != Some(id.as_str()) {
+        return Err(format!(
+            "a ForeignCluster must be named after its spec.clusterID ({id}), not {:?}",
+            fc.metadata.name.as_deref().unwrap_or_default()
+        ));
+    }
+    Ok(id)
+}
+
+async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
+    let ctx = &fctx.ctx;
+    let mut st = fc.status.clone().unwrap_or_default();
+    let generation = fc.metadata.generation;
+    let remote = match remote_id(fc) {
+        Ok(id) if &id == ctx.cluster_id() => {
+            let msg = format!(
+                "this cluster's own ID is {id}: a cluster cannot peer with itself; if the remote \
+                 cluster really has the same ID, reinstall one of them with another --cluster-id"
+            );
+            return finish(
+                fc,
+                fctx,
+                st,
+                AuthOutcome::fatal("ClusterIDConflict", msg),
+                generation,
+            )
+            .await;
+        }
+        Ok(id) => id,
+        Err(msg) => {
+            return finish(
+                fc,
+                fctx,
+                st,
+                AuthOutcome::fatal("InvalidSpec", msg),
+                generation,
+            )
+            .await;
+        }
+    };
+    let tenant = Api::<Tenant>::all(ctx.client.clone())
+        .get_opt(remote.as_str())
+        .await
+        .map_err(Error::kube(format!("reading Tenant {remote}")))?
+        .filter(|t| t.metadata.deletion_timestamp.is_none());
+    let consuming = fc.spec.provider.is_some() && fc.spec.modules.authentication.enabled;
+    st.role = Some(status::role(consuming, tenant.is_some()));
+    let outcome = if consuming {
+        consumer_step(fc, fctx, &remote, &mut st).await?
+    } else {
+        // Not (or no longer) consuming: an identity kept from before is revoked.
+        drop_identity(fctx, &remote).await?;
+        st.identity = None;
+        st.api_server_url = None;
+        conditions_remove(&mut st, types::API_SERVER_REACHABLE);
+        match &tenant {
+            Some(t) => AuthOutcome {
+                phase: Phase::Established,
+                status: Status::True,
+                reason: "TenantActive",
+                message: format!(
+                    "{remote} consumes from this cluster as tenant {} (namespace {})",
+                    names::consumer_username(&remote),
+                    t.status
+                        .as_ref()
+                        .and_then(|s| s.namespace.clone())
+                        .unwrap_or_default()
+                ),
+                requeue: Duration::from_secs(600),
+            },
+            None => AuthOutcome {
+                phase: Phase::Pending,
+                status: Status::Unknown,
+                reason: "NotPeered",
+                message: format!(
+                    "no peering in either direction yet; run `tether peer` on the consumer"
+                ),
+                requeue: Duration::from_secs(600),
+            },
+        }
+    };
+    st.tenant_namespace = Some(TenantNamespaces {
+        local: Some(names::tenant_namespace(&remote)),
+        remote: st
+            .tenant_namespace
+            .as_ref()
+            .and_then(|t| t.remote.clone())
+            .filter(|_| consuming),
+    });
+    finish(fc, fctx, st, outcome, generation).await
+}
+
+fn conditions_remove(st: &mut ForeignClusterStatus, type_: &str) {
+    st.conditions.retain(|c| c.type_ != type_);
+}
+
+async fn finish(
+    fc: &ForeignCluster,
+    fctx: &FcCtx,
+    mut st: ForeignClusterStatus,
+    outcome: AuthOutcome,
+    generation: Option<i64>,
+) -> Result<Action, Error> {
+    let now = now_time();
+    conditions::set(
+        &mut st.conditions,
+        types::AUTHENTICATION,
+        outcome.status,
+        outcome.reason,
+        outcome.message,
+        generation,
+        now.clone(),
+    );
+    for (type_, module, enabled) in [
+        (
+            types::NETWORKING,
+            "networking",
+            fc.spec.modules.networking.enabled,
+        ),
+        (
+            types::OFFLOADING,
+            "offloading",
+            fc.spec.modules.offloading.enabled,
+        ),
+    ] {
+        let message = if enabled {
+            format!("the {module} module is not available in this version of Tether")
+        } else {
+            format!("the {module} module is off for this peering")
+        };
+        conditions::set(
+            &mut st.conditions,
+            type_,
+            Status::Unknown,
+            "ModuleDisabled",
+            message,
+            generation,
+            now.clone(),
+        );
+    }
+    st.phase = Some(outcome.phase);
+    if fc.status.as_ref() != Some(&st) {
+        patch_status(fctx, fc, &st).await?;
+    }
+    Ok(Action::requeue(outcome.requeue))
+}
+
+async fn patch_status(
+    fctx: &FcCtx,
+    fc: &ForeignCluster,
+    st: &ForeignClusterStatus,
+) -> Result<(), Error> {
+    let name = fc.metadata.name.clone().unwrap_or_default();
+    let patch = serde_json::json!({
+        "apiVersion": "core.tether.dev/v1alpha1",
+        "kind": "ForeignCluster",
+        "status": st,
+    });
+    Api::<ForeignCluster>::all(fctx.ctx.client.clone())
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "updating ForeignCluster {name} status"
+        )))?;
+    Ok(())
+}
+
+/// Sets the phase shown while a long step runs, so that `tether peer` can report it.
+async fn show_phase(
+    fctx: &FcCtx,
+    fc: &ForeignCluster,
+    st: &mut ForeignClusterStatus,
+    phase: Phase,
+    message: &str,
+) -> Result<(), Error> {
+    if st.phase == Some(phase)
+        && conditions::find(&st.conditions, types::AUTHENTICATION)
+            .is_some_and(|c| c.message == message)
+    {
+        return Ok(());
+    }
+    st.phase = Some(phase);
+    conditions::set(
+        &mut st.conditions,
+        types::AUTHENTICATION,
+        Status::False,
+        "InProgress",
+        message,
+        fc.metadata.generation,
+        now_time(),
+    );
+    patch_status(fctx, fc, st).await
+}
+
+fn kubeconfig_api(fctx: &FcCtx, remote: &ClusterId) -> Api<Secret> {
+    Api::namespaced(fctx.ctx.client.clone(), &names::tenant_namespace(remote))
+}
+
+async fn stored_identity(
+    fctx: &FcCtx,
+    remote: &ClusterId,
+) -> Result<Option<(Stored, String)>, Error> {
+    let secret = kubeconfig_api(fctx, remote)
+        .get_opt(objects::PROVIDER_KUBECONFIG_SECRET)
+        .await
+        .map_err(Error::kube(format!(
+            "reading the kubeconfig Secret for {remote}"
+        )))?;
+    Ok(secret.and_then(|s| {
+        let version = s.metadata.resource_version.clone().unwrap_or_default();
+        Stored::from_secret(&s).map(|st| (st, version))
+    }))
+}
+
+async fn consumer_step(
+    fc: &ForeignCluster,
+    fctx: &FcCtx,
+    remote: &ClusterId,
+    st: &mut ForeignClusterStatus,
+) -> Result<AuthOutcome, Error> {
+    let ctx = &fctx.ctx;
+    let Some(access) = fc.spec.provider.as_ref() else {
+        return Ok(AuthOutcome::fatal(
+            "InvalidSpec",
+            "spec.provider is missing".into(),
+        ));
+    };
+    let client = match AuthClient::new(&access.auth_url, &access.ca_fingerprint) {
+        Ok(c) => c,
+        Err(e) => return Ok(AuthOutcome::failed(&e)),
+    };
+    let local_ns = namespaces::ensure(ctx, remote).await?;
+    let now = unix_now();
+    let stored = stored_identity(fctx, remote).await?;
+    let (stored, version) = match stored {
+        Some((s, v)) if now < s.renew_at => (s, v),
+        Some((old, old_version)) => {
+            // Renewal: no token needed, the signature is the credential.
+            match issue(fctx, &client, remote, None).await {
+                Ok((issued, key)) => {
+                    let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
+                    let s = Stored::new(remote, &issued, &key.key_pem, now, old.renewals + 1, auth);
+                    let v = write_identity(fctx, remote, &local_ns, &s).await?;
+                    tracing::info!(provider = %remote, renewals = s.renewals, expires_at = s.expires_at, "identity renewed");
+                    (s, v)
+                }
+                Err(e) if now < old.expires_at => {
+                    tracing::warn!(provider = %remote, error = %e, "renewing the identity failed; the current one is still valid");
+                    st.identity = Some(identity_status(&old, &local_ns));
+                    let api_ok = ping(fctx, remote, &old, &old_version, st).await;
+                    return Ok(AuthOutcome {
+                        phase: if api_ok {
+                            Phase::Established
+                        } else {
+                            Phase::Authenticating
+                        },
+                        status: Status::True,
+                        reason: "RenewalFailing",
+                        message: format!(
+                            "renewing the identity failed ({e}); the current one stays valid until {} and renewal is retried",
+                            time(old.expires_at).0
+                        ),
+                        requeue: Duration::from_secs(10),
+                    });
+                }
+                Err(e) => {
+                    let mut o = AuthOutcome::failed(&e);
+                    o.message =
+                        format!("the identity expired and renewing it failed: {}", o.message);
+                    return Ok(o);
+                }
+            }
+        }
+        None => {
+            let Some(token) = read_token(fctx, fc).await? else {
+                return Ok(AuthOutcome::fatal(
+                    "TokenMissing",
+                    format!(
+                        "no identity yet and no token Secret {}/{}; run `tether peer` again with a fresh token from the provider (`tether generate peer-command`)",
+                        ctx.settings.namespace,
+                        access
+                            .token_secret_ref
+                            .as_ref()
+                            .map(|r| r.name.as_str())
+                            .unwrap_or("<unset>")
+                    ),
+                ));
+            };
+            show_phase(
+                fctx,
+                fc,
+                st,
+                Phase::Authenticating,
+                &format!("authenticating to {}", client.url()),
+            )
+            .await?;
+            match client.identity().await {
+                Ok(id) if id.cluster_id != remote.as_str() => {
+                    return Ok(AuthOutcome::fatal(
+                        "ClusterIDMismatch",
+                        format!(
+                            "the authentication service at {} belongs to cluster {}, not {remote}; check --auth-url and the token",
+                            client.url(),
+                            id.cluster_id
+                        ),
+                    ));
+                }
+                Ok(_) => {}
+                Err(e) => return Ok(AuthOutcome::failed(&e)),
+            }
+            match issue(fctx, &client, remote, Some(token)).await {
+                Ok((issued, key)) => {
+                    let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
+                    let s = Stored::new(remote, &issued, &key.key_pem, now, 0, auth);
+                    let v = write_identity(fctx, remote, &local_ns, &s).await?;
+                    delete_token(fctx, fc).await?;
+                    tracing::info!(provider = %remote, expires_at = s.expires_at, "identity issued");
+                    (s, v)
+                }
+                Err(e) => return Ok(AuthOutcome::failed(&e)),
+            }
+        }
+    };
+    st.identity = Some(identity_status(&stored, &local_ns));
+    st.api_server_url = Some(stored.api_server.clone());
+    if let Some(t) = st.tenant_namespace.as_mut() {
+        t.remote = Some(stored.remote_namespace.clone());
+    } else {
+        st.tenant_namespace = Some(TenantNamespaces {
+            local: Some(local_ns.clone()),
+            remote: Some(stored.remote_namespace.clone()),
+        });
+    }
+    let api_ok = ping(fctx, remote, &stored, &version, st).await;
+    let until_renewal = u64::try_from(stored.renew_at - unix_now())
+        .unwrap_or(0)
+        .max(1);
+    Ok(AuthOutcome {
+        phase: if api_ok {
+            Phase::Established
+        } else {
+            Phase::Authenticating
+        },
+        status: Status::True,
+        reason: "IdentityIssued",
+        message: format!(
+            "{remote} issued identity {} in namespace {}; valid until {}, renewed at {}",
+            stored.username,
+            stored.remote_namespace,
+            time(stored.expires_at).0,
+            time(stored.renew_at).0
+        ),
+        requeue: Duration::from_secs(until_renewal).min(ctx.settings.ping_interval),
+    })
+}
+
+fn identity_status(s: &Stored, local_ns: &str) -> IdentityStatus {
+    IdentityStatus {
+        secret_ref: ObjectRef {
+            namespace: local_ns.to_owned(),
+            name: objects::PROVIDER_KUBECONFIG_SECRET.to_owned(),
+        },
+        username: s.username.clone(),
+        expires_at: time(s.expires_at),
+        renew_at: time(s.renew_at),
+        renewals: s.renewals,
+    }
+}
+
+/// Checks the provider's API server with the identity: lists ResourceSlices in the tenant
+/// namespace, which the tenant role allows. Sets APIServerReachable.
+async fn ping(
+    fctx: &FcCtx,
+    remote: &ClusterId,
+    s: &Stored,
+    version: &str,
+    st: &mut ForeignClusterStatus,
+) -> bool {
+    let result = match fctx.clients.get(remote.as_str(), version, &s.kubeconfig) {
+        Err(e) => Err(e),
+        Ok(client) => {
+            let api: Api<ResourceSlice> = Api::namespaced(client, &s.remote_namespace);
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                api.list(&ListParams::default().limit(1)),
+            )
+            .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(kube::Error::Api(e))) => Err(format!(
+                    "{} answered {} {}: {}",
+                    s.api_server, e.code, e.reason, e.message
+                )),
+                Ok(Err(e)) => Err(format!("cannot reach {}: {e}", s.api_server)),
+                Err(_) => Err(format!("{} did not answer within 5s", s.api_server)),
+            }
+        }
+    };
+    let (status, reason, message) = match &result {
+        Ok(()) => (
+            Status::True,
+            "Reachable",
+            format!("{} answers with this cluster's identity", s.api_server),
+        ),
+        Err(e) => (Status::False, "Unreachable", e.clone()),
+    };
+    conditions::set(
+        &mut st.conditions,
+        types::API_SERVER_REACHABLE,
+        status,
+        reason,
+        message,
+        None,
+        now_time(),
+    );
+    result.is_ok()
+}
+
+async fn issue(
+    fctx: &FcCtx,
+    client: &AuthClient,
+    remote: &ClusterId,
+    token: Option<String>,
+) -> Result<(protocol::IssuedIdentity, ClientKey), ClientError> {
+    let ctx = &fctx.ctx;
+    let own = ctx.cluster_id().as_str();
+    let nonce = client.nonce(own).await?;
+    let key = ClientKey::generate(&names::consumer_username(ctx.cluster_id())).map_err(|e| {
+        ClientError::Protocol {
+            url: client.url().to_owned(),
+            detail: format!("preparing the certificate request: {e}"),
+        }
+    })?;
+    let payload = protocol::identity_payload(&nonce.nonce, own, remote.as_str(), &key.csr_pem);
+    let req = IdentityRequest {
+        cluster_id: own.to_owned(),
+        public_key: ctx.identity.keys.public_key_b64(),
+        nonce: nonce.nonce,
+        csr: key.csr_pem.clone(),
+        signature: ctx.identity.keys.sign_b64(&payload),
+        token,
+    };
+    let issued = client.issue(&req).await?;
+    if issued.provider_cluster_id != remote.as_str() {
+        return Err(ClientError::Protocol {
+            url: client.url().to_owned(),
+            detail: format!(
+                "the provider answered as cluster {}, not {remote}",
+                issued.provider_cluster_id
+            ),
+        });
+    }
+    Ok((issued, key))
+}
+
+async fn write_identity(
+    fctx: &FcCtx,
+    remote: &ClusterId,
+    ns: &str,
+    s: &Stored,
+) -> Result<String, Error> {
+    let secret = s.to_secret(ns, namespaces::peer_labels(remote));
+    let written = kubeconfig_api(fctx, remote)
+        .patch(
+            objects::PROVIDER_KUBECONFIG_SECRET,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(Error::kube(format!("storing the kubeconfig for {remote}")))?;
+    fctx.clients.forget(remote.as_str());
+    Ok(written.metadata.resource_version.unwrap_or_default())
+}
+
+async fn read_token(fctx: &FcCtx, fc: &ForeignCluster) -> Result<Option<String>, Error> {
+    let Some(r) = fc
+        .spec
+        .provider
+        .as_ref()
+        .and_then(|p| p.token_secret_ref.as_ref())
+    else {
+        return Ok(None);
+    };
+    let api: Api<Secret> = Api::namespaced(fctx.ctx.client.clone(), &fctx.ctx.settings.namespace);
+    let secret = api
+        .get_opt(&r.name)
+        .await
+        .map_err(Error::kube(format!("reading token Secret {}", r.name)))?;
+    Ok(secret
+        .and_then(|s| s.data?.get(TOKEN_KEY).cloned())
+        .map(|b| String::from_utf8_lossy(&b.0).trim().to_owned()))
+}
+
+async fn delete_token(fctx: &FcCtx, fc: &ForeignCluster) -> Result<(), Error> {
+    let Some(r) = fc
+        .spec
+        .provider
+        .as_ref()
+        .and_then(|p| p.token_secret_ref.as_ref())
+    else {
+        return Ok(());
+    };
+    let api: Api<Secret> = Api::namespaced(fctx.ctx.client.clone(), &fctx.ctx.settings.namespace);
+    match api.delete(&r.name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting token Secret {}", r.name))(e)),
+    }
+}
+
+/// Revokes the identity held for `remote` at the provider, then forgets it. A provider that
+/// cannot be reached makes the caller retry.
+async fn drop_identity(fctx: &FcCtx, remote: &ClusterId) -> Result<(), Error> {
+    let Some((stored, _)) = stored_identity(fctx, remote).await? else {
+        return Ok(());
+    };
+    revoke_at_provider(fctx, &stored, remote).await?;
+    forget_identity(fctx, remote).await
+}
+
+async fn forget_identity(fctx: &FcCtx, remote: &ClusterId) -> Result<(), Error> {
+    match kubeconfig_api(fctx, remote)
+        .delete(
+            objects::PROVIDER_KUBECONFIG_SECRET,
+            &DeleteParams::default(),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(Error::kube(format!("deleting the kubeconfig for {remote}"))(e)),
+    }
+    fctx.clients.forget(remote.as_str());
+    namespaces::release(&fctx.ctx, remote).await
+}
+
+async fn revoke_at_provider(
+    fctx: &FcCtx,
+    stored: &Stored,
+    remote: &ClusterId,
+) -> Result<(), ClientError> {
+    let client = AuthClient::new(&stored.auth_url, &stored.auth_fingerprint)?;
+    let own = fctx.ctx.cluster_id().as_str();
+    let nonce = client.nonce(own).await?;
+    let payload = protocol::revocation_payload(&nonce.nonce, own, remote.as_str());
+    let req = RevocationRequest {
+        cluster_id: own.to_owned(),
+        nonce: nonce.nonce,
+        signature: fctx.ctx.identity.keys.sign_b64(&payload),
+    };
+    match client.revoke(&req).await {
+        Ok(()) => Ok(()),
+        Err(ClientError::Refused {
+            reason: protocol::Reason::UnknownTenant,
+            ..
+        }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
+    let Ok(remote) = remote_id(fc) else {
+        return Ok(Action::await_change());
+    };
+    let mut st = fc.status.clone().unwrap_or_default();
+    if let Some((stored, _)) = stored_identity(fctx, &remote).await? {
+        show_phase(
+            fctx,
+            fc,
+            &mut st,
+            Phase::Unpeering,
+            "revoking this cluster's identity at the provider",
+        )
+        .await?;
+        if let Err(e) = revoke_at_provider(fctx, &stored, &remote).await {
+            let msg = format!(
+                "cannot revoke the identity at the provider: {e}; retrying. `tether unpeer --force` removes the local side only"
+            );
+            show_phase(fctx, fc, &mut st, Phase::Unpeering, &msg).await?;
+            return Err(Error::Peer(e));
+        }
+    }
+    forget_identity(fctx, &remote).await?;
+    // The remote also consumed from here: unpeering removes that direction too.
+    match Api::<Tenant>::all(fctx.ctx.client.clone())
+        .delete(remote.as_str(), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => return Err(Error::kube(format!("deleting Tenant {remote}"))(e)),
+    }
+    tracing::info!(remote = %remote, "unpeered");
+    Ok(Action::await_change())
+}
