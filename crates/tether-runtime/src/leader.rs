@@ -437,10 +437,11 @@ impl Leadership {
         if let Some(task) = self.task.take() {
             let _ = task.await;
         }
-        self.inner.leader.set(0);
         if self.lost.is_cancelled() {
+            // The renew loop already reset the gauge, and the elector may lead again by now.
             return Ok(());
         }
+        self.inner.leader.set(0);
         let result = self.inner.release().await;
         if result.is_ok() {
             tracing::info!(lease = %self.inner.lease_ref(), "released leadership");
@@ -454,7 +455,11 @@ impl Drop for Leadership {
         self.stop.cancel();
         if let Some(task) = self.task.take() {
             task.abort();
-            self.inner.leader.set(0);
+            // Only a leadership still held counts; a lost one already reset the gauge, and the
+            // elector may lead again under a newer `Leadership`.
+            if !self.lost.is_cancelled() {
+                self.inner.leader.set(0);
+            }
         }
     }
 }
