@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
-use tether_wg::{Decapsulated, Device, Encapsulated, MIN_OUT_BUF, PeerIndex};
+use tether_wg::{Decapsulated, Device, Encapsulated, MIN_OUT_BUF, MessageKind, PeerIndex};
 use tun_rs::{GROTable, IDEAL_BATCH_SIZE, InterruptEvent, SyncDevice, VIRTIO_NET_HDR_LEN};
 
 /// How often boringtun's timers run (handshake retries, keepalives, rekeys).
@@ -346,8 +346,8 @@ fn encrypt_loop(s: &Shared, peer: PeerIndex) {
             }
             let pos = gso.end;
             match s.device.encapsulate(peer, packet, &mut out[pos..], now) {
-                Encapsulated::Send { to, len } => {
-                    if out[pos] != 4 {
+                Encapsulated::Send { to, len, kind } => {
+                    if kind != MessageKind::Data {
                         // A handshake initiation (the packet waits in the queue): send it
                         // alone, after whatever data precedes it.
                         gso.flush(s, &out);
@@ -466,15 +466,7 @@ fn handle_datagram(
     now: Instant,
 ) {
     // Data packets go straight into their peer's TUN batch; the receiver index says whose.
-    if datagram.len() >= 32
-        && datagram[0] == 4
-        && let Some(peer) = s.device.find_by_receiver_index(u32::from_le_bytes([
-            datagram[4],
-            datagram[5],
-            datagram[6],
-            datagram[7],
-        ]))
-    {
+    if let Some(peer) = s.device.data_message_peer(datagram) {
         let cap = VIRTIO_NET_HDR_LEN + (s.mtu + tether_wg::DATA_OVERHEAD).max(MIN_OUT_BUF);
         if batches[peer.0].count == IDEAL_BATCH_SIZE {
             write_batch(s, peer, &mut batches[peer.0], cap);

@@ -67,6 +67,7 @@ pub struct Prepared {
     config: Config,
     plan: Plan,
     input: tether_netplan::GatewayInput,
+    device: Device,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -79,12 +80,17 @@ impl std::fmt::Debug for Prepared {
 
 impl Prepared {
     /// Validates and plans without touching the system; every error here is a config error.
+    /// The rules that span peers are checked here by the crates that own them: the planner
+    /// (ids, interfaces, prefix lengths, overlaps) and the WireGuard device (keys).
     pub fn new(config: Config) -> Result<Self, ConfigError> {
         let (input, plan) = remap::plan(&config)?;
+        let device = Device::new(config.private_key.clone(), peer_configs(&config))
+            .map_err(|e| ConfigError::from_device(&config, e))?;
         Ok(Self {
             config,
             plan,
             input,
+            device,
         })
     }
 
@@ -110,6 +116,7 @@ impl Prepared {
             config,
             plan,
             input,
+            device,
         } = self;
         for p in &input.peers {
             tracing::info!(
@@ -140,28 +147,7 @@ impl Prepared {
         let kernel_metrics = KernelMetrics::default();
         reconcile_once(&mut kernel, &plan, &kernel_metrics, &health).await;
 
-        let peers = config
-            .peers
-            .iter()
-            .map(|p| {
-                let mut allowed: Vec<ipnet::IpNet> = vec![p.pod_cidr.into()];
-                allowed.extend(p.external_cidr.map(ipnet::IpNet::from));
-                PeerConfig {
-                    id: p.id.clone(),
-                    public_key: p.public_key,
-                    endpoint: p.endpoint,
-                    persistent_keepalive: p.persistent_keepalive,
-                    allowed_ips: AllowedIps::new(allowed),
-                }
-            })
-            .collect();
-        let device =
-            Arc::new(
-                Device::new(config.private_key.clone(), peers).map_err(|e| ConfigError {
-                    field: "peers".into(),
-                    message: e.to_string(),
-                })?,
-            );
+        let device = Arc::new(device);
         let dataplane =
             Dataplane::start(device.clone(), Arc::new(socket), tuns, config.mtu as usize)
                 .map_err(GatewayError::Dataplane)?;
@@ -215,6 +201,25 @@ impl Prepared {
         }
         Ok(())
     }
+}
+
+/// The WireGuard peers, in the order of `config.peers` (the TUN devices' order too).
+fn peer_configs(config: &Config) -> Vec<PeerConfig> {
+    config
+        .peers
+        .iter()
+        .map(|p| {
+            let mut allowed: Vec<ipnet::IpNet> = vec![p.pod_cidr.into()];
+            allowed.extend(p.external_cidr.map(ipnet::IpNet::from));
+            PeerConfig {
+                id: p.id.clone(),
+                public_key: p.public_key,
+                endpoint: p.endpoint,
+                persistent_keepalive: p.persistent_keepalive,
+                allowed_ips: AllowedIps::new(allowed),
+            }
+        })
+        .collect()
 }
 
 fn create_tun(name: &str, mtu: u32) -> Result<SyncDevice, GatewayError> {

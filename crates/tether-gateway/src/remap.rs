@@ -2,10 +2,10 @@
 //! remaps for colliding CIDRs, explicit overrides honoured) and assemble `GatewayInput`.
 
 use ipnet::Ipv4Net;
-use tether_ipam::{CidrKind, Ipam, IpamConfig};
+use tether_ipam::{CidrKind, Ipam, IpamConfig, IpamError};
 use tether_netplan::{CidrMapping, GatewayInput, LocalNetworks, PeerInput};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Problem};
 
 /// The netplan input for `config`. Deterministic: peers are processed in id order and the IPAM
 /// hands out the lowest free block, so a restart chooses the same remaps.
@@ -23,15 +23,18 @@ pub fn gateway_input(config: &Config) -> Result<GatewayInput, ConfigError> {
         pools: config.remap_pools.clone(),
         reserved,
     };
-    let mut ipam = Ipam::new(ipam_config).map_err(|e| ConfigError {
-        field: "remapPools".into(),
-        message: e.to_string(),
-    })?;
+    // Every CIDR was checked when the file was read, so what is left to refuse is the pools.
+    let mut ipam =
+        Ipam::new(ipam_config).map_err(|e| ConfigError::new("remapPools", Problem::Ipam(e)))?;
     let mut peers = Vec::with_capacity(config.peers.len());
-    for (i, p) in config.peers.iter().enumerate() {
-        let err = |field: &str, e: tether_ipam::IpamError| ConfigError {
-            field: format!("peers[{i}].{field}"),
-            message: e.to_string(),
+    for p in &config.peers {
+        let err = |field: &str, e: IpamError| {
+            // The IPAM names peers too; its name rule is about the id, not the CIDR.
+            let field = match &e {
+                IpamError::InvalidName { .. } => "id",
+                _ => field,
+            };
+            ConfigError::new(format!("peers[{}].{field}", p.position), Problem::Ipam(e))
         };
         let pod = match p.pod_local_view {
             Some(view) => CidrMapping::remapped(p.pod_cidr, view),
@@ -76,10 +79,7 @@ pub fn gateway_input(config: &Config) -> Result<GatewayInput, ConfigError> {
 /// (they are always caused by the file: overlapping CIDRs, bad names).
 pub fn plan(config: &Config) -> Result<(GatewayInput, tether_netplan::Plan), ConfigError> {
     let input = gateway_input(config)?;
-    let plan = tether_netplan::plan(&input).map_err(|e| ConfigError {
-        field: "config".into(),
-        message: e.to_string(),
-    })?;
+    let plan = tether_netplan::plan(&input).map_err(|e| ConfigError::from_plan(config, e))?;
     Ok((input, plan))
 }
 

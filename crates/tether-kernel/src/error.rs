@@ -89,7 +89,7 @@ impl KernelError {
     pub(crate) fn netlink(object: impl Into<String>, error: rtnetlink::Error) -> Self {
         Self::Netlink {
             object: object.into(),
-            source: netlink_io_error(&error),
+            source: netlink_io_error(error),
         }
     }
 
@@ -106,13 +106,14 @@ impl KernelError {
 }
 
 /// rtnetlink errors carry a negative errno; turn them into `io::Error`s that print as
-/// "File exists (os error 17)".
-pub(crate) fn netlink_io_error(error: &rtnetlink::Error) -> io::Error {
+/// "File exists (os error 17)". Any other rtnetlink error is wrapped whole, so its own source
+/// chain stays reachable.
+pub(crate) fn netlink_io_error(error: rtnetlink::Error) -> io::Error {
     match error {
         rtnetlink::Error::NetlinkError(message) => {
             io::Error::from_raw_os_error(message.raw_code().abs())
         }
-        other => io::Error::other(other.to_string()),
+        other => io::Error::other(other),
     }
 }
 

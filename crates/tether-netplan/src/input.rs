@@ -371,7 +371,10 @@ fn claims(input: &GatewayInput) -> Vec<(String, Ipv4Net)> {
     claims
 }
 
-fn check_network(what: &str, cidr: Ipv4Net) -> Result<(), PlanError> {
+/// Checks that `cidr` is a network, not an address inside one (no host bits set); `what`
+/// names it in the error. The planner applies this to every CIDR of its input; callers that
+/// read CIDRs from users apply it where they parse them, to name their own field.
+pub fn check_network(what: &str, cidr: Ipv4Net) -> Result<(), PlanError> {
     if cidr.trunc() == cidr {
         Ok(())
     } else {

@@ -108,7 +108,7 @@ pub use error::PlanError;
 pub use input::{
     CidrMapping, DEFAULT_FWMARK_BASE, DEFAULT_FWMARK_MASK, DEFAULT_MTU, DEFAULT_ROUTE_TABLE_BASE,
     DEFAULT_RULE_PRIORITY, DEFAULT_TABLE, GatewayInput, IpMapping, LocalNetworks, MAX_MTU,
-    MAX_PEERS, MIN_MTU, Ownership, PeerInput,
+    MAX_PEERS, MIN_MTU, Ownership, PeerInput, check_network,
 };
 pub use nft::{
     Chain, ChainKind, FINGERPRINT_COMMENT_PREFIX, Hook, NftRule, Priority, Ruleset,

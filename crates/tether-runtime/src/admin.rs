@@ -1,4 +1,5 @@
-//! The admin HTTP server: `/metrics` (Prometheus text) and `/healthz`.
+//! The admin HTTP server: `/metrics` (Prometheus text), `/healthz` (liveness) and `/readyz`
+//! (readiness).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -10,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::registry::Registry;
 
-use crate::{Health, Shutdown};
+use crate::{Health, Readiness, Shutdown};
 
 /// The OpenMetrics text content type `prometheus-client` renders.
 const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -35,27 +36,40 @@ pub enum AdminError {
 struct AppState {
     registry: Arc<Mutex<Registry>>,
     health: Health,
+    readiness: Readiness,
 }
 
 /// Builder and runner for the admin server.
 pub struct AdminServer {
-    router: Router,
+    state: AppState,
 }
 
 impl AdminServer {
-    /// A server exposing `registry` on `/metrics` and `health` on `/healthz`.
+    /// A server exposing `registry` on `/metrics` and `health` on `/healthz`. `/readyz` is
+    /// ready until [`AdminServer::with_readiness`] gives it components to wait for.
     pub fn new(registry: Arc<Mutex<Registry>>, health: Health) -> Self {
-        let state = AppState { registry, health };
-        let router = Router::new()
-            .route("/metrics", get(metrics))
-            .route("/healthz", get(healthz))
-            .with_state(state);
-        Self { router }
+        Self {
+            state: AppState {
+                registry,
+                health,
+                readiness: Readiness::new(),
+            },
+        }
+    }
+
+    /// Serves `readiness` on `/readyz`.
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.state.readiness = readiness;
+        self
     }
 
     /// The router, for in-process tests (`tower::ServiceExt::oneshot`).
     pub fn router(&self) -> Router {
-        self.router.clone()
+        Router::new()
+            .route("/metrics", get(metrics))
+            .route("/healthz", get(healthz))
+            .route("/readyz", get(readyz))
+            .with_state(self.state.clone())
     }
 
     /// Binds `addr`; the returned future serves until `shutdown` fires. Binding happens
@@ -71,7 +85,7 @@ impl AdminServer {
         let local = listener
             .local_addr()
             .map_err(|source| AdminError::Bind { addr, source })?;
-        let router = self.router;
+        let router = self.router();
         let fut = async move {
             axum::serve(listener, router)
                 .with_graceful_shutdown(async move { shutdown.cancelled().await })
@@ -102,7 +116,16 @@ async fn metrics(State(state): State<AppState>) -> Response {
 }
 
 async fn healthz(State(state): State<AppState>) -> Response {
-    match state.health.check() {
+    status_response(state.health.check())
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    status_response(state.readiness.check())
+}
+
+/// 200 `ok`, or 503 with one `component: reason` line per failing component.
+fn status_response(check: Result<(), Vec<String>>) -> Response {
+    match check {
         Ok(()) => (StatusCode::OK, "ok\n").into_response(),
         Err(reasons) => {
             let mut body = reasons.join("\n");
@@ -161,6 +184,36 @@ mod tests {
         let (status, body) = get(server.router(), "/healthz").await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(body.contains("tunnel: no handshake with peer b"), "{body}");
+    }
+
+    #[tokio::test]
+    async fn readyz_lists_every_component_not_ready() {
+        let (server, health, _) = server();
+        let readiness = Readiness::new();
+        let router = server.with_readiness(readiness.clone()).router();
+        assert_eq!(get(router.clone(), "/readyz").await.0, StatusCode::OK);
+        readiness.register("caches", "not synced");
+        readiness.register("leader", "standby");
+        let (status, body) = get(router.clone(), "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "caches: not synced\nleader: standby\n");
+        assert_eq!(
+            get(router.clone(), "/healthz").await.0,
+            StatusCode::OK,
+            "not ready is not unhealthy"
+        );
+        readiness.set_ready("caches");
+        readiness.set_ready("leader");
+        assert_eq!(
+            get(router.clone(), "/readyz").await,
+            (StatusCode::OK, "ok\n".to_owned())
+        );
+        health.set_unhealthy("kernel", "nft failed");
+        assert_eq!(
+            get(router, "/readyz").await.0,
+            StatusCode::OK,
+            "readiness does not follow health"
+        );
     }
 
     #[tokio::test]

@@ -1,17 +1,26 @@
 //! Process plumbing shared by every Tether daemon: logging, the admin server (`/metrics`,
-//! `/healthz`), shutdown on signals, and the clap argument groups every daemon flattens.
+//! `/healthz`, `/readyz`), shutdown on signals, the Kubernetes client set-up, leader election
+//! over a Lease, reconcile metrics, and the clap argument groups every daemon flattens.
 //!
-//! Nothing here knows about clusters, tunnels or Kubernetes objects; a daemon composes these
-//! pieces in its `main`.
+//! Nothing here knows about clusters, tunnels or Tether's own resources; a daemon composes
+//! these pieces in its `main`.
 
 pub mod admin;
 pub mod args;
+pub mod client;
+pub mod error;
 pub mod health;
+pub mod leader;
+pub mod metrics;
 pub mod shutdown;
 pub mod telemetry;
 
 pub use admin::{AdminError, AdminServer};
 pub use args::AdminArgs;
-pub use health::Health;
+pub use client::{ConfigSource, KubeArgs, client_from, kube_client};
+pub use error::RuntimeError;
+pub use health::{Health, Readiness};
+pub use leader::{LeaderElector, Leadership, LeaseParams, default_identity};
+pub use metrics::{ControllerMetrics, ReconcileResult};
 pub use shutdown::Shutdown;
 pub use telemetry::{LogArgs, LogFormat, TelemetryError};

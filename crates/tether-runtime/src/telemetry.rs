@@ -43,7 +43,7 @@ pub enum TelemetryError {
     },
     /// A global subscriber was already installed (tests call `init` more than once).
     #[error("a tracing subscriber is already installed")]
-    AlreadyInstalled,
+    AlreadyInstalled(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Builds the filter from the flag (which clap already fell back to `TETHER_LOG` for).
@@ -72,7 +72,7 @@ pub fn init(args: &LogArgs) -> Result<(), TelemetryError> {
             .with_current_span(true)
             .try_init(),
     };
-    result.map_err(|_| TelemetryError::AlreadyInstalled)
+    result.map_err(TelemetryError::AlreadyInstalled)
 }
 
 #[cfg(test)]

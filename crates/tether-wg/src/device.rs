@@ -28,8 +28,6 @@ const REACTIVE_HANDSHAKE_INTERVAL: Duration = Duration::from_millis(500);
 /// (it stops after 90 s of unanswered attempts; a gateway must keep trying forever).
 const EXPIRED_RETRY_INTERVAL: Duration = Duration::from_secs(5);
 
-const MSG_HANDSHAKE_INIT: u8 = 1;
-
 /// Configuration of one peer.
 #[derive(Clone, Debug)]
 pub struct PeerConfig {
@@ -65,16 +63,52 @@ pub enum DeviceError {
     OwnKey(String),
 }
 
+/// The four WireGuard message types, as boringtun's parser tells them apart (type byte,
+/// reserved zeroes and exact length all checked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MessageKind {
+    /// A handshake initiation (148 bytes).
+    HandshakeInit,
+    /// A handshake response (92 bytes).
+    HandshakeResponse,
+    /// A cookie reply (64 bytes), sent under load.
+    CookieReply,
+    /// A transport data message (a keepalive when it carries nothing).
+    Data,
+}
+
+impl MessageKind {
+    /// The kind of a WireGuard message, or `None` when `message` is not one.
+    pub fn of(message: &[u8]) -> Option<Self> {
+        Tunn::parse_incoming_packet(message)
+            .ok()
+            .map(|packet| Self::from(&packet))
+    }
+}
+
+impl From<&Packet<'_>> for MessageKind {
+    fn from(packet: &Packet<'_>) -> Self {
+        match packet {
+            Packet::HandshakeInit(_) => Self::HandshakeInit,
+            Packet::HandshakeResponse(_) => Self::HandshakeResponse,
+            Packet::PacketCookieReply(_) => Self::CookieReply,
+            Packet::PacketData(_) => Self::Data,
+        }
+    }
+}
+
 /// What to do with an inner packet handed to [`Device::encapsulate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Encapsulated {
-    /// Send `out[..len]` to `to` (a data packet, or a handshake initiation while the packet
-    /// waits in the queue for the new session).
+    /// Send `out[..len]` to `to`: a data message, or a handshake initiation while the packet
+    /// waits in the queue for the new session.
     Send {
         /// Destination.
         to: SocketAddr,
         /// Bytes at the start of the output buffer.
         len: usize,
+        /// Which message it is: callers batch data messages and send an initiation alone.
+        kind: MessageKind,
     },
     /// Queued until the handshake in flight completes; nothing to send now.
     Queued,
@@ -282,6 +316,16 @@ impl Device {
         self.by_slot.get(&(index >> 8)).copied().map(PeerIndex)
     }
 
+    /// The peer a received datagram is addressed to, when it is a data message with a known
+    /// receiver index; `None` for handshake messages, unknown indexes and non-WireGuard bytes.
+    /// Lets an IO loop pick the destination buffer before decrypting into it.
+    pub fn data_message_peer(&self, datagram: &[u8]) -> Option<PeerIndex> {
+        match Tunn::parse_incoming_packet(datagram) {
+            Ok(Packet::PacketData(data)) => self.find_by_receiver_index(data.receiver_idx),
+            _ => None,
+        }
+    }
+
     /// Counters of datagrams not attributable to a peer.
     pub fn counters(&self) -> &DeviceCounters {
         &self.counters
@@ -331,11 +375,14 @@ impl Device {
         match st.tunn.encapsulate(packet, out) {
             TunnResult::WriteToNetwork(buf) => {
                 let len = buf.len();
-                if out[0] == MSG_HANDSHAKE_INIT {
+                // boringtun emits either the data message or, without a session, an
+                // initiation; anything it could not parse back is sent as data would be.
+                let kind = MessageKind::of(&out[..len]).unwrap_or(MessageKind::Data);
+                if kind == MessageKind::HandshakeInit {
                     note_initiation(&mut st, &p.counters, now, false);
                 }
                 p.counters.tx(len);
-                Encapsulated::Send { to, len }
+                Encapsulated::Send { to, len, kind }
             }
             TunnResult::Done => Encapsulated::Queued,
             TunnResult::Err(e) => {
@@ -417,12 +464,7 @@ impl Device {
                 None => return self.unknown_index(),
             },
         };
-        let kind = match packet {
-            Packet::HandshakeInit(_) => Kind::Init,
-            Packet::HandshakeResponse(_) => Kind::Response,
-            Packet::PacketCookieReply(_) => Kind::Cookie,
-            Packet::PacketData(_) => Kind::Data,
-        };
+        let kind = MessageKind::from(&packet);
         self.decapsulate_for(PeerIndex(peer), kind, from, datagram, out, now)
     }
 
@@ -434,7 +476,7 @@ impl Device {
     fn decapsulate_for(
         &self,
         peer: PeerIndex,
-        kind: Kind,
+        kind: MessageKind,
         from: SocketAddr,
         datagram: &[u8],
         out: &mut [u8],
@@ -472,8 +514,8 @@ impl Device {
                 p.counters.rx(datagram.len());
                 p.counters.tx(len);
                 match kind {
-                    Kind::Init | Kind::Response => {
-                        if kind == Kind::Response {
+                    MessageKind::HandshakeInit | MessageKind::HandshakeResponse => {
+                        if kind == MessageKind::HandshakeResponse {
                             st.handshake_rtt =
                                 st.last_init_sent.map(|t| now.saturating_duration_since(t));
                         }
@@ -481,7 +523,7 @@ impl Device {
                         st.last_handshake = Some(now);
                         p.counters.handshakes.fetch_add(1, Relaxed);
                     }
-                    Kind::Cookie | Kind::Data => {}
+                    MessageKind::CookieReply | MessageKind::Data => {}
                 }
                 Decapsulated::ToNetwork {
                     peer: Some(peer),
@@ -490,7 +532,7 @@ impl Device {
                 }
             }
             TunnResult::Done => {
-                if kind == Kind::Data {
+                if kind == MessageKind::Data {
                     // A keepalive: authenticated, so roam.
                     st.endpoint = Some(from);
                 }
@@ -499,12 +541,15 @@ impl Device {
             }
             TunnResult::Err(e) => {
                 let reason = classify(&e);
-                if matches!(kind, Kind::Init | Kind::Response) {
+                if matches!(
+                    kind,
+                    MessageKind::HandshakeInit | MessageKind::HandshakeResponse
+                ) {
                     p.counters.handshake_failures.fetch_add(1, Relaxed);
                 }
                 p.counters.drop(reason);
                 if reason == DropReason::NoSession
-                    && kind == Kind::Data
+                    && kind == MessageKind::Data
                     && let Some(len) = self.reactive_handshake(&mut st, &p.counters, out, now)
                 {
                     // Unauthenticated source: answer there but do not adopt it; the
@@ -561,7 +606,7 @@ impl Device {
         match st.tunn.decapsulate(None, &[], out) {
             TunnResult::WriteToNetwork(buf) => {
                 let len = buf.len();
-                if out[0] == MSG_HANDSHAKE_INIT {
+                if MessageKind::of(&out[..len]) == Some(MessageKind::HandshakeInit) {
                     note_initiation(&mut st, &p.counters, now, false);
                 }
                 p.counters.tx(len);
@@ -621,21 +666,13 @@ impl Device {
                 _ => continue,
             };
             let Some(to) = st.endpoint else { continue };
-            if out[0] == MSG_HANDSHAKE_INIT {
+            if MessageKind::of(&out[..len]) == Some(MessageKind::HandshakeInit) {
                 note_initiation(&mut st, &p.counters, now, true);
             }
             p.counters.tx(len);
             send(to, &out[..len]);
         }
     }
-}
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Init,
-    Response,
-    Cookie,
-    Data,
 }
 
 /// Records that an initiation leaves now. A retry of one still pending means the previous

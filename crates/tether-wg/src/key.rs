@@ -10,9 +10,9 @@ use boringtun::x25519;
 /// Why a key string was rejected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KeyError {
-    /// Not base64 at all, or the wrong length once decoded.
+    /// Not base64 at all.
     #[error("not valid base64 (expected 32 bytes, as printed by `wg genkey` / `wg pubkey`)")]
-    Encoding,
+    Encoding(#[source] base64::DecodeError),
     /// Decoded to a length other than 32 bytes.
     #[error("not valid base64 (expected 32 bytes, this decodes to {0})")]
     Length(usize),
@@ -22,7 +22,7 @@ pub enum KeyError {
 }
 
 fn decode32(s: &str) -> Result<[u8; 32], KeyError> {
-    let bytes = STANDARD.decode(s.trim()).map_err(|_| KeyError::Encoding)?;
+    let bytes = STANDARD.decode(s.trim()).map_err(KeyError::Encoding)?;
     let arr: [u8; 32] = bytes
         .as_slice()
         .try_into()
@@ -137,7 +137,10 @@ mod tests {
 
     #[test]
     fn bad_keys_are_explained() {
-        assert_eq!("not base64!".parse::<PublicKey>(), Err(KeyError::Encoding));
+        assert!(matches!(
+            "not base64!".parse::<PublicKey>(),
+            Err(KeyError::Encoding(_))
+        ));
         assert_eq!("AAAA".parse::<PublicKey>(), Err(KeyError::Length(3)));
         let zero = STANDARD.encode([0u8; 32]);
         assert_eq!(zero.parse::<PublicKey>(), Err(KeyError::Zero));

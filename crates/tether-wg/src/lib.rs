@@ -20,7 +20,9 @@ mod key;
 
 pub use allowed::AllowedIps;
 pub use counters::{DeviceCounters, DropReason, PeerCounters, PeerStats};
-pub use device::{Decapsulated, Device, DeviceError, Encapsulated, PeerConfig, PeerIndex};
+pub use device::{
+    Decapsulated, Device, DeviceError, Encapsulated, MessageKind, PeerConfig, PeerIndex,
+};
 pub use key::{KeyError, PrivateKey, PublicKey};
 
 /// Bytes WireGuard adds to an inner packet (type, index, counter, tag).

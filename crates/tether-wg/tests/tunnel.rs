@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use tether_wg::{
-    AllowedIps, Decapsulated, Device, DropReason, Encapsulated, PeerConfig, PeerIndex, PrivateKey,
+    AllowedIps, Decapsulated, Device, DropReason, Encapsulated, MessageKind, PeerConfig, PeerIndex,
+    PrivateKey,
 };
 
 const A_ADDR: &str = "198.18.0.1:51820";
@@ -73,7 +74,7 @@ fn deliver(
     // (sender device is "from"?, destination address, bytes)
     let mut wire: Vec<(bool, SocketAddr, Vec<u8>)> = Vec::new();
     match from.encapsulate(PeerIndex(0), packet, &mut out, now) {
-        Encapsulated::Send { to, len } => wire.push((true, to, out[..len].to_vec())),
+        Encapsulated::Send { to, len, .. } => wire.push((true, to, out[..len].to_vec())),
         Encapsulated::Queued => {}
         Encapsulated::Dropped(r) => panic!("dropped on send: {r:?}"),
     }
@@ -322,4 +323,60 @@ fn receiver_indices_map_back_to_peers() {
             "index {sender:#x} resolved to the wrong peer"
         );
     }
+}
+
+#[test]
+fn messages_are_classified_by_the_protocol_parser() {
+    let now = Instant::now();
+    let mut out = vec![0u8; 2048];
+    let p1 = ipv4([10, 1, 0, 5], [10, 2, 0, 7], b"first");
+    // Without a session the packet waits and an initiation goes out instead.
+    let fresh = pair();
+    let Encapsulated::Send { len, kind, .. } =
+        fresh.a.encapsulate(PeerIndex(0), &p1, &mut out, now)
+    else {
+        panic!("an initiation must be sent");
+    };
+    assert_eq!(kind, MessageKind::HandshakeInit);
+    assert_eq!(
+        MessageKind::of(&out[..len]),
+        Some(MessageKind::HandshakeInit)
+    );
+    assert_eq!(
+        fresh.b.data_message_peer(&out[..len]),
+        None,
+        "an initiation names no receiver"
+    );
+
+    let Pair { a, b, .. } = pair();
+    deliver(&a, addr(A_ADDR), &b, addr(B_ADDR), &p1);
+    let p2 = ipv4([10, 1, 0, 5], [10, 2, 0, 7], b"second");
+    let Encapsulated::Send { len, kind, .. } = a.encapsulate(PeerIndex(0), &p2, &mut out, now)
+    else {
+        panic!("a data message must be sent once the session exists");
+    };
+    assert_eq!(kind, MessageKind::Data);
+    let data = out[..len].to_vec();
+    assert_eq!(b.data_message_peer(&data), Some(PeerIndex(0)));
+    assert_eq!(
+        a.data_message_peer(&data),
+        None,
+        "the receiver index is B's, unknown to A"
+    );
+
+    // The parser checks the reserved bytes and exact lengths a type byte alone would not.
+    let mut reserved = data.clone();
+    reserved[1] = 1;
+    assert_eq!(MessageKind::of(&reserved), None);
+    assert_eq!(b.data_message_peer(&reserved), None);
+    assert_eq!(
+        MessageKind::of(&data[..31]),
+        None,
+        "shorter than a keepalive"
+    );
+    assert_eq!(
+        MessageKind::of(&[1, 0, 0, 0, 9]),
+        None,
+        "a truncated initiation"
+    );
 }
