@@ -193,6 +193,14 @@ impl ClusterBuilder {
         self
     }
 
+    /// The longest certificate the CSR signer issues, as kube-controller-manager's
+    /// `--cluster-signing-duration` (one year by default): a CSR asking for longer, or for
+    /// nothing, gets this lifetime.
+    pub fn cluster_signing_duration(mut self, duration: Duration) -> Self {
+        self.controller_settings.cluster_signing_duration = duration;
+        self
+    }
+
     /// The range ClusterIPs come from (10.96.0.0/12 by default). The `kubernetes` Service gets
     /// its first address; requests outside it are refused with the real server's 422.
     pub fn service_cidr(mut self, cidr: ipnet::Ipv4Net) -> Self {

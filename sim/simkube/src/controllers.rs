@@ -109,6 +109,9 @@ pub struct ControllerSettings {
     pub node_monitor_grace_period: Duration,
     /// Addresses handed to LoadBalancer Services (empty: they stay pending).
     pub load_balancer_pool: Vec<std::net::Ipv4Addr>,
+    /// The longest certificate the CSR signer issues (kube-controller-manager's
+    /// `--cluster-signing-duration`).
+    pub cluster_signing_duration: Duration,
 }
 
 impl Default for ControllerSettings {
@@ -116,6 +119,7 @@ impl Default for ControllerSettings {
         Self {
             node_monitor_grace_period: node_lifecycle::DEFAULT_GRACE,
             load_balancer_pool: Vec::new(),
+            cluster_signing_duration: crate::tls::DEFAULT_SIGNING_DURATION,
         }
     }
 }
@@ -194,7 +198,12 @@ pub fn spawn(
     }
     if controllers.csr_signer {
         match ca {
-            Some(ca) => tasks.push(tokio::spawn(csr::run(client, ca, shutdown))),
+            Some(ca) => tasks.push(tokio::spawn(csr::run(
+                client,
+                ca,
+                settings.cluster_signing_duration,
+                shutdown,
+            ))),
             None => tracing::warn!(
                 "the CSR signer is enabled but the cluster has no CA (TLS is off); \
                  approved CSRs will not be signed"

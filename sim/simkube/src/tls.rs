@@ -19,7 +19,7 @@ const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Serving certificates, as kubeadm issues them.
 const SERVER_CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The kube-controller-manager default `--cluster-signing-duration` (8760h).
-const MAX_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+pub const DEFAULT_SIGNING_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The minimum `spec.expirationSeconds` a CSR may ask for.
 const MIN_CSR_EXPIRATION_SECONDS: u32 = 600;
 /// Certificates are backdated like the Kubernetes signer does, to absorb clock skew.
@@ -199,6 +199,7 @@ impl CertAuthority {
         csr_pem: &str,
         usages: &[String],
         expiration_seconds: Option<u32>,
+        signing_duration: Duration,
     ) -> Result<String, TlsError> {
         let request = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
             TlsError::InvalidCsr(format!(
@@ -245,8 +246,8 @@ impl CertAuthority {
                      than 600 seconds (10 minutes)"
                 )));
             }
-            Some(s) => Duration::from_secs(u64::from(s)).min(MAX_SIGNING_DURATION),
-            None => MAX_SIGNING_DURATION,
+            Some(s) => Duration::from_secs(u64::from(s)).min(signing_duration),
+            None => signing_duration,
         };
         let mut params = CertificateParams::default();
         params.distinguished_name = request.params.distinguished_name.clone();
@@ -836,7 +837,12 @@ mod tests {
             .map(String::from)
             .to_vec();
         let signed = ca
-            .sign_csr(&csr("bob", &["org-a"], vec![]), &usages, Some(1800))
+            .sign_csr(
+                &csr("bob", &["org-a"], vec![]),
+                &usages,
+                Some(1800),
+                DEFAULT_SIGNING_DURATION,
+            )
             .expect("signed");
         let (cn, orgs, not_before, not_after, client, server, digital) = parse(&signed);
         assert_eq!((cn.as_str(), orgs), ("bob", vec!["org-a".to_owned()]));
@@ -847,11 +853,18 @@ mod tests {
         let groups = vec!["tether:consumers".to_owned(), "tenant-a".to_owned()];
         let (request, key) = client_csr("cluster-a", &groups).expect("csr");
         assert!(key.contains("PRIVATE KEY"));
-        let signed = ca.sign_csr(&request, &usages, None).expect("signed");
+        let signed = ca
+            .sign_csr(&request, &usages, None, DEFAULT_SIGNING_DURATION)
+            .expect("signed");
         assert_eq!(parse(&signed).1, groups);
         // Without an expiration: the one-year signing duration.
         let year = ca
-            .sign_csr(&csr("bob", &[], vec![]), &usages, None)
+            .sign_csr(
+                &csr("bob", &[], vec![]),
+                &usages,
+                None,
+                DEFAULT_SIGNING_DURATION,
+            )
             .expect("signed");
         assert!((parse(&year).3.timestamp() - now() - 365 * 24 * 3600).abs() < 5);
         // The signed certificate chains to the CA: rustls' verifier accepts it.
@@ -870,7 +883,12 @@ mod tests {
             .expect("chains to the CA");
         let other = CertAuthority::generate("c2").expect("ca");
         let foreign = other
-            .sign_csr(&csr("mallory", &[], vec![]), &usages, None)
+            .sign_csr(
+                &csr("mallory", &[], vec![]),
+                &usages,
+                None,
+                DEFAULT_SIGNING_DURATION,
+            )
             .expect("signed");
         let foreign = CertificateDer::from(first_pem_der(&foreign, "CERTIFICATE").expect("der"));
         assert!(
@@ -926,7 +944,9 @@ g8PZcTu0Ww26LihTXj7Vx8Vg7/1SGjzyoPgOCNc39T5885GWGzJVog==\n\
             (OPENSSL_RSA_CSR, "cluster-b", vec!["tenants", "consumers"]),
             (OPENSSL_P384_CSR, "u384", vec!["g1"]),
         ] {
-            let signed = ca.sign_csr(pem, &usages, Some(3600)).expect("signed");
+            let signed = ca
+                .sign_csr(pem, &usages, Some(3600), DEFAULT_SIGNING_DURATION)
+                .expect("signed");
             let (got_cn, got_orgs, ..) = parse(&signed);
             assert_eq!(
                 (got_cn.as_str(), got_orgs),
@@ -992,7 +1012,7 @@ g8PZcTu0Ww26LihTXj7Vx8Vg7/1SGjzyoPgOCNc39T5885GWGzJVog==\n\
         ];
         for (pem, usages, expiration, want) in cases {
             let error = ca
-                .sign_csr(&pem, &usages, expiration)
+                .sign_csr(&pem, &usages, expiration, DEFAULT_SIGNING_DURATION)
                 .expect_err(want)
                 .to_string();
             assert!(error.contains(want), "{error} should mention {want}");

@@ -940,3 +940,43 @@ async fn csr_flow_end_to_end_signs_and_the_certificate_authenticates() {
     };
     assert!(message.contains("User \"carol\""), "{message}");
 }
+
+/// kube-controller-manager's `--cluster-signing-duration` caps every certificate the signer
+/// issues, whatever `expirationSeconds` asks for.
+#[tokio::test]
+async fn the_cluster_signing_duration_caps_certificate_lifetimes() {
+    let cluster = simkube::Cluster::builder()
+        .controllers(Controllers::all())
+        .tls(true)
+        .cluster_signing_duration(std::time::Duration::from_secs(90))
+        .start()
+        .await
+        .expect("start TLS cluster");
+    let client = cluster.client();
+    let api: Api<CertificateSigningRequest> = Api::all(client.clone());
+    for (name, asked) in [("short", Some(600)), ("default", None)] {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let pem = params.serialize_request(&key).expect("csr").pem().expect("pem");
+        let mut csr = csr_object(name, &pem, &["digital signature", "client auth"]);
+        csr.spec.expiration_seconds = asked;
+        api.create(&PostParams::default(), &csr).await.expect("create csr");
+        approve(&client, name).await;
+        let signed = eventually("the signed certificate", || async {
+            api.get(name)
+                .await
+                .expect("get")
+                .status
+                .and_then(|s| s.certificate)
+                .filter(|c| !c.0.is_empty())
+        })
+        .await;
+        let (_, pem) = x509_parser::pem::parse_x509_pem(&signed.0).expect("pem");
+        let cert = pem.parse_x509().expect("x509");
+        let lifetime =
+            cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp();
+        // 90 s of signing duration plus the five-minute backdating, for both requests.
+        assert_eq!(lifetime, 90 + 300, "{name}");
+    }
+}

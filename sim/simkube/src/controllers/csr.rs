@@ -5,8 +5,9 @@
 //! Nothing is approved here: like a real cluster, approval comes from a client through the
 //! `approval` subresource (`kubectl certificate approve`). A request the signer's policy refuses
 //! gets a `Failed` condition with reason `SignerValidationFailure` and the real signer's
-//! message. The certificate lives `spec.expirationSeconds` (capped at the default
-//! `--cluster-signing-duration` of one year) and is written to `status.certificate`.
+//! message. The certificate lives `spec.expirationSeconds`, capped at the cluster signing
+//! duration (kube-controller-manager's `--cluster-signing-duration`, one year by default), and
+//! is written to `status.certificate`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -202,12 +203,22 @@ pub fn state(csr: &CertificateSigningRequest) -> CsrState {
 struct Context {
     client: Client,
     ca: Arc<CertAuthority>,
+    signing_duration: Duration,
 }
 
 /// Runs the signer until `shutdown`.
-pub async fn run(client: Client, ca: Arc<CertAuthority>, shutdown: CancellationToken) {
+pub async fn run(
+    client: Client,
+    ca: Arc<CertAuthority>,
+    signing_duration: Duration,
+    shutdown: CancellationToken,
+) {
     let api: Api<CertificateSigningRequest> = Api::all(client.clone());
-    let context = Arc::new(Context { client, ca });
+    let context = Arc::new(Context {
+        client,
+        ca,
+        signing_duration,
+    });
     Controller::new(api, watcher::Config::default())
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, context)
@@ -254,7 +265,7 @@ async fn reconcile(
             .expiration_seconds
             .and_then(|s| u32::try_from(s).ok());
         ctx.ca
-            .sign_csr(&pem, &usages, expiration)
+            .sign_csr(&pem, &usages, expiration, ctx.signing_duration)
             .map_err(|e| e.to_string())
     });
     match outcome {
