@@ -35,26 +35,35 @@ pub struct ProviderClients {
 }
 
 impl ProviderClients {
-    fn get(&self, cluster: &str, version: &str, kubeconfig: &str) -> Result<kube::Client, String> {
-        let mut map = self
+    async fn get(
+        &self,
+        cluster: &str,
+        version: &str,
+        kubeconfig: &str,
+    ) -> Result<kube::Client, String> {
+        if let Some((v, c)) = self
             .by_cluster
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some((v, c)) = map.get(cluster)
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(cluster)
             && v == version
         {
             return Ok(c.clone());
         }
         let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
             .map_err(|e| format!("the stored kubeconfig is unreadable: {e}"))?;
-        let config = futures::executor::block_on(kube::Config::from_custom_kubeconfig(
+        let config = kube::Config::from_custom_kubeconfig(
             parsed,
             &kube::config::KubeConfigOptions::default(),
-        ))
+        )
+        .await
         .map_err(|e| format!("the stored kubeconfig is unusable: {e}"))?;
         let client =
             kube::Client::try_from(config).map_err(|e| format!("building a client: {e}"))?;
-        map.insert(cluster.to_owned(), (version.to_owned(), client.clone()));
+        self.by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cluster.to_owned(), (version.to_owned(), client.clone()));
         Ok(client)
     }
 
@@ -540,7 +549,11 @@ async fn ping(
     version: &str,
     st: &mut ForeignClusterStatus,
 ) -> bool {
-    let result = match fctx.clients.get(remote.as_str(), version, &s.kubeconfig) {
+    let result = match fctx
+        .clients
+        .get(remote.as_str(), version, &s.kubeconfig)
+        .await
+    {
         Err(e) => Err(e),
         Ok(client) => {
             let api: Api<ResourceSlice> = Api::namespaced(client, &s.remote_namespace);

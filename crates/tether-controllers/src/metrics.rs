@@ -1,5 +1,6 @@
-//! The controller's Prometheus metrics: reconciles per controller, peers by phase and
-//! authentication requests by outcome. Labels come from bounded sets only.
+//! The controller's Prometheus metrics: reconciles per controller (through tether-runtime's
+//! shared families), peers by phase and authentication requests by outcome. Labels come from
+//! bounded sets only.
 
 use std::time::Duration;
 
@@ -7,26 +8,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use tether_api::core::Phase;
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ReconcileLabels {
-    controller: &'static str,
-    result: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ErrorLabels {
-    controller: &'static str,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ControllerLabel {
-    controller: &'static str,
-}
+use tether_runtime::{ControllerMetrics, ReconcileResult};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabel {
@@ -42,9 +26,7 @@ struct AuthLabels {
 /// Every metric of the controller.
 #[derive(Clone)]
 pub struct Metrics {
-    reconciles: Family<ReconcileLabels, Counter>,
-    errors: Family<ErrorLabels, Counter>,
-    durations: Family<ControllerLabel, Histogram>,
+    reconciles: ControllerMetrics,
     peers: Family<PhaseLabel, Gauge>,
     auth: Family<AuthLabels, Counter>,
 }
@@ -59,31 +41,10 @@ impl Metrics {
     /// Creates the metrics and registers them in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self {
-            reconciles: Family::default(),
-            errors: Family::default(),
-            durations: Family::new_with_constructor(|| {
-                Histogram::new([
-                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-                ])
-            }),
+            reconciles: ControllerMetrics::register(registry),
             peers: Family::default(),
             auth: Family::default(),
         };
-        registry.register(
-            "reconcile",
-            "Reconciles by controller and result",
-            m.reconciles.clone(),
-        );
-        registry.register(
-            "reconcile_errors",
-            "Failed reconciles by controller and reason",
-            m.errors.clone(),
-        );
-        registry.register(
-            "reconcile_duration_seconds",
-            "Time spent in one reconcile, by controller",
-            m.durations.clone(),
-        );
         registry.register("peers", "ForeignClusters by phase", m.peers.clone());
         registry.register(
             "auth_requests",
@@ -107,21 +68,13 @@ impl Metrics {
         error: Option<&crate::Error>,
         took: Duration,
     ) {
-        let result = if error.is_some() { "error" } else { "ok" };
-        self.reconciles
-            .get_or_create(&ReconcileLabels { controller, result })
-            .inc();
-        if let Some(e) = error {
-            self.errors
-                .get_or_create(&ErrorLabels {
-                    controller,
-                    reason: e.metric_reason(),
-                })
-                .inc();
-        }
-        self.durations
-            .get_or_create(&ControllerLabel { controller })
-            .observe(took.as_secs_f64());
+        let result = match error {
+            None => ReconcileResult::Ok,
+            Some(e) => ReconcileResult::Error {
+                reason: e.metric_reason(),
+            },
+        };
+        self.reconciles.observe(controller, result, took);
     }
 
     /// Sets how many peers are in each phase.

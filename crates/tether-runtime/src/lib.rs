@@ -16,7 +16,7 @@ pub mod shutdown;
 pub mod telemetry;
 
 pub use admin::{AdminError, AdminServer};
-pub use args::AdminArgs;
+pub use args::{AdminArgs, parse_duration};
 pub use client::{ConfigSource, KubeArgs, client_from, kube_client};
 pub use error::RuntimeError;
 pub use health::{Health, Readiness};

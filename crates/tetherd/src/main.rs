@@ -1,5 +1,7 @@
-//! `tetherd`: the one Tether daemon binary. `tetherd gateway` runs the WireGuard gateway;
-//! the controller and fabric roles will join as further subcommands.
+//! `tetherd`: the one Tether daemon binary. `tetherd controller` runs the control plane,
+//! `tetherd gateway` the WireGuard gateway; the fabric role will join as a further subcommand.
+
+mod controller;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,6 +26,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the control plane of this cluster (in the cluster, as the tether-controller pod).
+    Controller(controller::ControllerArgs),
     /// Run the WireGuard gateway of this cluster.
     Gateway(GatewayArgs),
 }
@@ -46,6 +50,7 @@ struct GatewayArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Controller(args) => controller::main(args),
         Command::Gateway(args) => gateway(args),
     }
 }
