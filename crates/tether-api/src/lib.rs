@@ -17,5 +17,6 @@ pub mod names;
 pub mod networking;
 pub mod offloading;
 pub mod peering;
+pub mod rbac;
 
 pub use cluster_id::{ClusterId, InvalidClusterId};

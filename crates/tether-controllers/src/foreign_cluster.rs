@@ -75,12 +75,53 @@ impl ProviderClients {
     }
 }
 
+/// A failed first authentication: the generation tried, when, and how long to wait.
+type Attempt = (Option<i64>, Instant, Duration);
+
 /// The reconciler's state.
 pub struct FcCtx {
     /// Shared controller state.
     pub ctx: Arc<Ctx>,
     /// Provider API clients.
     pub clients: ProviderClients,
+    /// Failed first authentications, so that status writes (which trigger reconciles) do not
+    /// turn into a retry loop: by ForeignCluster, the generation tried, when, and how long to
+    /// wait. A new generation (a new token from `tether peer`) retries at once.
+    attempts: Mutex<HashMap<String, Attempt>>,
+}
+
+impl FcCtx {
+    /// State for one controller.
+    pub fn new(ctx: Arc<Ctx>) -> Self {
+        Self {
+            ctx,
+            clients: ProviderClients::default(),
+            attempts: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn backing_off(&self, fc: &ForeignCluster) -> Option<Duration> {
+        let name = fc.metadata.name.as_deref()?;
+        let attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (generation, at, wait) = attempts.get(name)?;
+        let elapsed = at.elapsed();
+        (*generation == fc.metadata.generation && elapsed < *wait).then(|| *wait - elapsed)
+    }
+
+    fn record_attempt(&self, fc: &ForeignCluster, outcome: Option<&AuthOutcome>) {
+        let Some(name) = fc.metadata.name.clone() else {
+            return;
+        };
+        let mut attempts = self.attempts.lock().unwrap_or_else(PoisonError::into_inner);
+        match outcome {
+            Some(o) => {
+                attempts.insert(name, (fc.metadata.generation, Instant::now(), o.requeue));
+            }
+            None => {
+                attempts.remove(&name);
+            }
+        }
+    }
 }
 
 fn unix_now() -> i64 {
@@ -125,7 +166,7 @@ pub async fn reconcile(fc: Arc<ForeignCluster>, fctx: Arc<FcCtx>) -> Result<Acti
 struct AuthOutcome {
     phase: Phase,
     status: Status,
-    reason: &'static str,
+    reason: String,
     message: String,
     requeue: Duration,
 }
@@ -148,17 +189,17 @@ impl AuthOutcome {
                 Phase::Failed
             },
             status: Status::False,
-            reason: e.condition_reason(),
+            reason: e.condition_reason().to_owned(),
             message: e.to_string(),
             requeue: retry,
         }
     }
 
-    fn fatal(reason: &'static str, message: String) -> Self {
+    fn fatal(reason: &str, message: String) -> Self {
         Self {
             phase: Phase::Failed,
             status: Status::False,
-            reason,
+            reason: reason.to_owned(),
             message,
             requeue: Duration::from_secs(300),
         }
@@ -226,7 +267,7 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
             Some(t) => AuthOutcome {
                 phase: Phase::Established,
                 status: Status::True,
-                reason: "TenantActive",
+                reason: "TenantActive".into(),
                 message: format!(
                     "{remote} consumes from this cluster as tenant {} (namespace {})",
                     names::consumer_username(&remote),
@@ -240,10 +281,9 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
             None => AuthOutcome {
                 phase: Phase::Pending,
                 status: Status::Unknown,
-                reason: "NotPeered",
-                message: format!(
-                    "no peering in either direction yet; run `tether peer` on the consumer"
-                ),
+                reason: "NotPeered".into(),
+                message: "no peering in either direction yet; run `tether peer` on the consumer"
+                    .to_owned(),
                 requeue: Duration::from_secs(600),
             },
         }
@@ -275,7 +315,7 @@ async fn finish(
         &mut st.conditions,
         types::AUTHENTICATION,
         outcome.status,
-        outcome.reason,
+        &outcome.reason,
         outcome.message,
         generation,
         now.clone(),
@@ -323,6 +363,7 @@ async fn patch_status(
     let patch = serde_json::json!({
         "apiVersion": "core.tether.dev/v1alpha1",
         "kind": "ForeignCluster",
+        "metadata": {"name": name},
         "status": st,
     });
     Api::<ForeignCluster>::all(fctx.ctx.client.clone())
@@ -428,7 +469,7 @@ async fn consumer_step(
                             Phase::Authenticating
                         },
                         status: Status::True,
-                        reason: "RenewalFailing",
+                        reason: "RenewalFailing".into(),
                         message: format!(
                             "renewing the identity failed ({e}); the current one stays valid until {} and renewal is retried",
                             time(old.expires_at).0
@@ -445,52 +486,27 @@ async fn consumer_step(
             }
         }
         None => {
-            let Some(token) = read_token(fctx, fc).await? else {
-                return Ok(AuthOutcome::fatal(
-                    "TokenMissing",
-                    format!(
-                        "no identity yet and no token Secret {}/{}; run `tether peer` again with a fresh token from the provider (`tether generate peer-command`)",
-                        ctx.settings.namespace,
-                        access
-                            .token_secret_ref
-                            .as_ref()
-                            .map(|r| r.name.as_str())
-                            .unwrap_or("<unset>")
-                    ),
-                ));
-            };
-            show_phase(
-                fctx,
-                fc,
-                st,
-                Phase::Authenticating,
-                &format!("authenticating to {}", client.url()),
-            )
-            .await?;
-            match client.identity().await {
-                Ok(id) if id.cluster_id != remote.as_str() => {
-                    return Ok(AuthOutcome::fatal(
-                        "ClusterIDMismatch",
-                        format!(
-                            "the authentication service at {} belongs to cluster {}, not {remote}; check --auth-url and the token",
-                            client.url(),
-                            id.cluster_id
-                        ),
-                    ));
-                }
-                Ok(_) => {}
-                Err(e) => return Ok(AuthOutcome::failed(&e)),
+            if let Some(wait) = fctx.backing_off(fc)
+                && let Some(c) = conditions::find(&st.conditions, types::AUTHENTICATION)
+            {
+                return Ok(AuthOutcome {
+                    phase: st.phase.unwrap_or(Phase::Authenticating),
+                    status: Status::False,
+                    reason: c.reason.clone(),
+                    message: c.message.clone(),
+                    requeue: wait,
+                });
             }
-            match issue(fctx, &client, remote, Some(token)).await {
-                Ok((issued, key)) => {
-                    let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
-                    let s = Stored::new(remote, &issued, &key.key_pem, now, 0, auth);
-                    let v = write_identity(fctx, remote, &local_ns, &s).await?;
-                    delete_token(fctx, fc).await?;
-                    tracing::info!(provider = %remote, expires_at = s.expires_at, "identity issued");
-                    (s, v)
+            let outcome = first_identity(fc, fctx, remote, st, &client, &local_ns, now).await?;
+            match outcome {
+                Ok(pair) => {
+                    fctx.record_attempt(fc, None);
+                    pair
                 }
-                Err(e) => return Ok(AuthOutcome::failed(&e)),
+                Err(o) => {
+                    fctx.record_attempt(fc, Some(&o));
+                    return Ok(o);
+                }
             }
         }
     };
@@ -515,7 +531,7 @@ async fn consumer_step(
             Phase::Authenticating
         },
         status: Status::True,
-        reason: "IdentityIssued",
+        reason: "IdentityIssued".into(),
         message: format!(
             "{remote} issued identity {} in namespace {}; valid until {}, renewed at {}",
             stored.username,
@@ -554,7 +570,7 @@ async fn ping(
         .get(remote.as_str(), version, &s.kubeconfig)
         .await
     {
-        Err(e) => Err(e),
+        Err(e) => Err(("Unusable", e)),
         Ok(client) => {
             let api: Api<ResourceSlice> = Api::namespaced(client, &s.remote_namespace);
             match tokio::time::timeout(
@@ -564,12 +580,22 @@ async fn ping(
             .await
             {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err(kube::Error::Api(e))) => Err(format!(
-                    "{} answered {} {}: {}",
-                    s.api_server, e.code, e.reason, e.message
+                Ok(Err(kube::Error::Api(e))) => Err((
+                    match e.code {
+                        401 => "Unauthorized",
+                        403 => "Forbidden",
+                        _ => "Error",
+                    },
+                    format!(
+                        "{} refuses this cluster's identity ({} {}): {}",
+                        s.api_server, e.code, e.reason, e.message
+                    ),
                 )),
-                Ok(Err(e)) => Err(format!("cannot reach {}: {e}", s.api_server)),
-                Err(_) => Err(format!("{} did not answer within 5s", s.api_server)),
+                Ok(Err(e)) => Err(("Unreachable", format!("cannot reach {}: {e}", s.api_server))),
+                Err(_) => Err((
+                    "Unreachable",
+                    format!("{} did not answer within 5s", s.api_server),
+                )),
             }
         }
     };
@@ -579,7 +605,7 @@ async fn ping(
             "Reachable",
             format!("{} answers with this cluster's identity", s.api_server),
         ),
-        Err(e) => (Status::False, "Unreachable", e.clone()),
+        Err((reason, e)) => (Status::False, *reason, e.clone()),
     };
     conditions::set(
         &mut st.conditions,
@@ -769,4 +795,70 @@ async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
     }
     tracing::info!(remote = %remote, "unpeered");
     Ok(Action::await_change())
+}
+
+/// The first identity: authenticate with the token. `Err` carries the outcome to report.
+async fn first_identity(
+    fc: &ForeignCluster,
+    fctx: &FcCtx,
+    remote: &ClusterId,
+    st: &mut ForeignClusterStatus,
+    client: &AuthClient,
+    local_ns: &str,
+    now: i64,
+) -> Result<Result<(Stored, String), AuthOutcome>, Error> {
+    let ctx = &fctx.ctx;
+    let Some(access) = fc.spec.provider.as_ref() else {
+        return Ok(Err(AuthOutcome::fatal(
+            "InvalidSpec",
+            "spec.provider is missing".into(),
+        )));
+    };
+    let Some(token) = read_token(fctx, fc).await? else {
+        return Ok(Err(AuthOutcome::fatal(
+            "TokenMissing",
+            format!(
+                "no identity yet and no token Secret {}/{}; run `tether peer` again with a fresh token from the provider (`tether generate peer-command`)",
+                ctx.settings.namespace,
+                access
+                    .token_secret_ref
+                    .as_ref()
+                    .map(|r| r.name.as_str())
+                    .unwrap_or("<unset>")
+            ),
+        )));
+    };
+    show_phase(
+        fctx,
+        fc,
+        st,
+        Phase::Authenticating,
+        &format!("authenticating to {}", client.url()),
+    )
+    .await?;
+    match client.identity().await {
+        Ok(id) if id.cluster_id != remote.as_str() => {
+            return Ok(Err(AuthOutcome::fatal(
+                "ClusterIDMismatch",
+                format!(
+                    "the authentication service at {} belongs to cluster {}, not {remote}; check --auth-url and the token",
+                    client.url(),
+                    id.cluster_id
+                ),
+            )));
+        }
+        Ok(_) => {}
+        Err(e) => return Ok(Err(AuthOutcome::failed(&e))),
+    }
+    match issue(fctx, client, remote, Some(token)).await {
+        Ok((issued, key)) => {
+            let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
+            let s = Stored::new(remote, &issued, &key.key_pem, now, 0, auth);
+            let v = write_identity(fctx, remote, local_ns, &s).await?;
+            delete_token(fctx, fc).await?;
+            tracing::info!(provider = %remote, expires_at = s.expires_at, "identity issued");
+            Ok(Ok((s, v)))
+        }
+        Err(e) => Ok(Err(AuthOutcome::failed(&e))),
+    }
 }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::tls::AuthCert;
 use crate::context::{Ctx, Settings};
-use crate::foreign_cluster::{self, FcCtx, ProviderClients};
+use crate::foreign_cluster::{self, FcCtx};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::{Error, publisher, tenant, tokens};
@@ -100,10 +100,7 @@ impl Replica {
         tracing::info!("leading: reconcilers started");
         let ctx = self.ctx.clone();
         let client = ctx.client.clone();
-        let fctx = Arc::new(FcCtx {
-            ctx: ctx.clone(),
-            clients: ProviderClients::default(),
-        });
+        let fctx = Arc::new(FcCtx::new(ctx.clone()));
         let fcs: Api<ForeignCluster> = Api::all(client.clone());
         let tenants: Api<Tenant> = Api::all(client.clone());
         let fc_controller = Controller::new(fcs, watcher::Config::default()).watches(

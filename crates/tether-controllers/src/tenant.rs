@@ -199,6 +199,7 @@ pub async fn patch_status(ctx: &Ctx, id: &ClusterId, status: &TenantStatus) -> R
     let patch = serde_json::json!({
         "apiVersion": "authentication.tether.dev/v1alpha1",
         "kind": "Tenant",
+        "metadata": {"name": id.as_str()},
         "status": status,
     });
     Api::<Tenant>::all(ctx.client.clone())

@@ -173,7 +173,7 @@ mod tests {
         let e = check_secret(&foreign, None, &own, now).expect_err("foreign");
         assert!(e.contains("issued by cluster elsewhere"), "{e}");
 
-        let mut no_expiry = s.clone();
+        let mut no_expiry = s;
         no_expiry.metadata.annotations = None;
         assert!(check_secret(&t, Some(&no_expiry), &own, now).is_err());
     }

@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the control plane of this cluster (in the cluster, as the tether-controller pod).
-    Controller(controller::ControllerArgs),
+    Controller(Box<controller::ControllerArgs>),
     /// Run the WireGuard gateway of this cluster.
     Gateway(GatewayArgs),
 }
@@ -50,7 +50,7 @@ struct GatewayArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Controller(args) => controller::main(args),
+        Command::Controller(args) => controller::main(*args),
         Command::Gateway(args) => gateway(args),
     }
 }

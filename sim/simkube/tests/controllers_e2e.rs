@@ -957,11 +957,19 @@ async fn the_cluster_signing_duration_caps_certificate_lifetimes() {
     for (name, asked) in [("short", Some(600)), ("default", None)] {
         let key = rcgen::KeyPair::generate().expect("key");
         let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name.push(rcgen::DnType::CommonName, name);
-        let pem = params.serialize_request(&key).expect("csr").pem().expect("pem");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let pem = params
+            .serialize_request(&key)
+            .expect("csr")
+            .pem()
+            .expect("pem");
         let mut csr = csr_object(name, &pem, &["digital signature", "client auth"]);
         csr.spec.expiration_seconds = asked;
-        api.create(&PostParams::default(), &csr).await.expect("create csr");
+        api.create(&PostParams::default(), &csr)
+            .await
+            .expect("create csr");
         approve(&client, name).await;
         let signed = eventually("the signed certificate", || async {
             api.get(name)

@@ -144,7 +144,7 @@ mod tests {
         let user = "tether:consumer:c1";
         let good = ClientKey::generate(user).expect("csr");
         let der = pem_der(&good.csr_pem, "CERTIFICATE REQUEST").expect("der");
-        let mut bad = der.clone();
+        let mut bad = der;
         let last = bad.len() - 1;
         bad[last] ^= 0x55;
         let pem = pem_encode("CERTIFICATE REQUEST", &bad);

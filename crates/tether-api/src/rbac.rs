@@ -1,0 +1,196 @@
+//! What Tether's identities may do, as RBAC rules: the controller (cluster-wide, in its own
+//! namespace, and inside tenant namespaces) and a consumer's identity inside its tenant
+//! namespace on the provider. `tether install` renders these; the controller binds the
+//! tenant roles by name. No rule uses `*`.
+
+use k8s_openapi::api::rbac::v1::PolicyRule;
+
+const CORE: &str = "";
+const TETHER_CORE: &str = "core.tether.dev";
+const AUTHENTICATION: &str = "authentication.tether.dev";
+const NETWORKING: &str = "networking.tether.dev";
+const OFFLOADING: &str = "offloading.tether.dev";
+
+const READ: &[&str] = &["get", "list", "watch"];
+const MANAGE: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+
+fn rule(groups: &[&str], resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(groups.iter().map(|s| (*s).to_owned()).collect()),
+        resources: Some(resources.iter().map(|s| (*s).to_owned()).collect()),
+        verbs: verbs.iter().map(|s| (*s).to_owned()).collect(),
+        ..Default::default()
+    }
+}
+
+fn named(groups: &[&str], resources: &[&str], names: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        resource_names: Some(names.iter().map(|s| (*s).to_owned()).collect()),
+        ..rule(groups, resources, verbs)
+    }
+}
+
+/// Tether's kinds that live in tenant namespaces, by group.
+fn tenant_kinds() -> [(&'static str, &'static [&'static str]); 3] {
+    [
+        (AUTHENTICATION, &["resourceslices"]),
+        (
+            NETWORKING,
+            &[
+                "configurations",
+                "gatewayservers",
+                "gatewayclients",
+                "connections",
+            ],
+        ),
+        (OFFLOADING, &["shadowpods"]),
+    ]
+}
+
+/// The controller's cluster-wide rules (ClusterRole `tether-controller`).
+pub fn controller_cluster_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[TETHER_CORE], &["foreignclusters"], MANAGE),
+        rule(
+            &[TETHER_CORE],
+            &["foreignclusters/status"],
+            &["get", "update", "patch"],
+        ),
+        rule(&[TETHER_CORE], &["foreignclusters/finalizers"], &["update"]),
+        rule(&[AUTHENTICATION], &["tenants"], MANAGE),
+        rule(
+            &[AUTHENTICATION],
+            &["tenants/status"],
+            &["get", "update", "patch"],
+        ),
+        rule(&[AUTHENTICATION], &["tenants/finalizers"], &["update"]),
+        rule(
+            &[CORE],
+            &["namespaces"],
+            &["get", "list", "watch", "create", "patch", "delete"],
+        ),
+        rule(&[CORE], &["nodes"], READ),
+        rule(&["rbac.authorization.k8s.io"], &["rolebindings"], MANAGE),
+        named(
+            &["rbac.authorization.k8s.io"],
+            &["clusterroles"],
+            &[
+                crate::names::objects::TENANT_ROLE,
+                crate::names::objects::CONTROLLER_TENANT_ROLE,
+            ],
+            &["bind"],
+        ),
+        rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests"],
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests/approval"],
+            &["update", "patch"],
+        ),
+        named(
+            &["certificates.k8s.io"],
+            &["signers"],
+            &["kubernetes.io/kube-apiserver-client"],
+            &["approve"],
+        ),
+        rule(
+            &[CORE, "events.k8s.io"],
+            &["events"],
+            &["create", "patch", "update"],
+        ),
+    ]
+}
+
+/// The controller's rules in its own namespace (Role `tether-controller` in `tether-system`).
+pub fn controller_namespace_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[CORE], &["secrets", "configmaps"], MANAGE),
+        rule(
+            &["coordination.k8s.io"],
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
+        rule(&[CORE], &["services"], READ),
+        rule(&[CORE], &["pods"], &["get", "list"]),
+    ]
+}
+
+/// What the controller reads in `default` (Role `tether-controller-apiserver`): the
+/// `kubernetes` EndpointSlice, to learn the API server address peers use.
+pub fn controller_apiserver_rules() -> Vec<PolicyRule> {
+    vec![named(
+        &["discovery.k8s.io"],
+        &["endpointslices"],
+        &["kubernetes"],
+        &["get"],
+    )]
+}
+
+/// The controller's rules inside each tenant namespace (ClusterRole
+/// `tether-controller-tenant`, bound per namespace by the controller).
+pub fn controller_tenant_rules() -> Vec<PolicyRule> {
+    let mut rules = vec![rule(&[CORE], &["secrets"], MANAGE)];
+    for (group, kinds) in tenant_kinds() {
+        rules.push(rule(&[group], kinds, MANAGE));
+        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
+        let status: Vec<&str> = status.iter().map(String::as_str).collect();
+        rules.push(rule(&[group], &status, &["get", "update", "patch"]));
+    }
+    rules
+}
+
+/// What a consumer's identity may do in its tenant namespace on the provider (ClusterRole
+/// `tether-tenant`, bound per namespace to the consumer's username): manage the Tether kinds
+/// it owns there and read their status. Nothing else.
+pub fn tenant_rules() -> Vec<PolicyRule> {
+    let mut rules = Vec::new();
+    for (group, kinds) in tenant_kinds() {
+        rules.push(rule(&[group], kinds, MANAGE));
+        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
+        let status: Vec<&str> = status.iter().map(String::as_str).collect();
+        rules.push(rule(&[group], &status, &["get"]));
+    }
+    rules
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_rule_uses_a_wildcard() {
+        for rules in [
+            controller_cluster_rules(),
+            controller_namespace_rules(),
+            controller_apiserver_rules(),
+            controller_tenant_rules(),
+            tenant_rules(),
+        ] {
+            for r in rules {
+                let all = r
+                    .api_groups
+                    .iter()
+                    .flatten()
+                    .chain(r.resources.iter().flatten())
+                    .chain(r.verbs.iter());
+                for s in all {
+                    assert!(!s.contains('*'), "{r:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_tenant_role_grants_nothing_outside_tether_kinds() {
+        for r in tenant_rules() {
+            for g in r.api_groups.iter().flatten() {
+                assert!(g.ends_with(".tether.dev"), "{r:?}");
+            }
+        }
+    }
+}
