@@ -18,6 +18,9 @@ pub const TOKEN_SECRET_PREFIX: &str = "tether-token-";
 pub const TOKEN_HASH_KEY: &str = "tokenHash";
 /// Key of the token in a consumer-side token Secret (`spec.provider.tokenSecretRef`).
 pub const TOKEN_KEY: &str = "token";
+/// Prefix of the consumer-side Secret that holds a provider's token until the first identity
+/// is issued.
+pub const CONSUMER_TOKEN_SECRET_PREFIX: &str = "tether-peering-token-";
 
 const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
@@ -137,6 +140,12 @@ pub fn token_secret_name(id: &str) -> String {
     format!("{TOKEN_SECRET_PREFIX}{id}")
 }
 
+/// The consumer-side Secret (in `tether-system`) holding the token for `provider`, named by
+/// the ForeignCluster's `spec.provider.tokenSecretRef`.
+pub fn consumer_token_secret_name(provider: &ClusterId) -> String {
+    format!("{CONSUMER_TOKEN_SECRET_PREFIX}{provider}")
+}
+
 /// `sha256:<hex>` of a DER certificate, as `--ca-fingerprint` expects it.
 pub fn fingerprint(der: &[u8]) -> String {
     format!(
@@ -199,6 +208,10 @@ mod tests {
         let other = PeeringToken::generate(provider());
         assert!(!other.matches(&t.hash()));
         assert_eq!(t.secret_name(), format!("tether-token-{}", t.id()));
+        assert_eq!(
+            consumer_token_secret_name(&provider()),
+            "tether-peering-token-prov-1"
+        );
     }
 
     #[test]
