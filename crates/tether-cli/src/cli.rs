@@ -1,0 +1,279 @@
+//! The command line: every subcommand and flag of `tether` (and `kubectl tether`).
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::manifests::AuthServiceType;
+
+/// The CLI's version string.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Tether: peer Kubernetes clusters.
+#[derive(Debug, Parser)]
+#[command(
+    name = "tether",
+    version = VERSION,
+    about = "Install Tether and peer Kubernetes clusters",
+    long_about = "Install Tether into a cluster, peer it with others, and see how the peerings are doing.\n\nTypical flow: `tether install` in both clusters, `tether peer` from the consumer, `tether status`.",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// Flags every command accepts.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every command accepts.
+#[derive(Debug, Clone, Default, Args)]
+pub struct GlobalArgs {
+    /// Kubeconfig of the (local) cluster [default: $KUBECONFIG, then ~/.kube/config]
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Context in the kubeconfig [default: its current context]
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Install (or upgrade) Tether in a cluster and wait until its controller is ready.
+    Install(InstallArgs),
+    /// Remove Tether from a cluster.
+    Uninstall(UninstallArgs),
+    /// Peer this cluster (the consumer) with a provider cluster.
+    Peer(PeerArgs),
+    /// Tear down the peering with a provider.
+    Unpeer(UnpeerArgs),
+    /// Generate things for other clusters' admins.
+    #[command(subcommand)]
+    Generate(GenerateCommand),
+    /// List and revoke this cluster's peering tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Show this cluster and its peerings, and explain every failing condition.
+    Status(StatusArgs),
+    /// Print the CLI's version (and, given a cluster, the controller's image).
+    Version(VersionArgs),
+    /// Print a shell completion script.
+    Completion(CompletionArgs),
+}
+
+/// Output formats of `--dry-run`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ManifestFormat {
+    /// A multi-document YAML stream.
+    Yaml,
+    /// A `v1 List`.
+    Json,
+}
+
+/// `tether install`.
+#[derive(Debug, Clone, Args)]
+pub struct InstallArgs {
+    /// This cluster's ID (a DNS-1123 label of at most 49 characters) [default: the stored one,
+    /// or a generated one on a first install]
+    #[arg(long, value_name = "ID")]
+    pub cluster_id: Option<String>,
+    /// The controller image [default: ghcr.io/tether-dev/tetherd:v<CLI version>]
+    #[arg(long, value_name = "REF")]
+    pub image: Option<String>,
+    /// How the authentication service is exposed to peers.
+    #[arg(long, value_enum, default_value_t = AuthServiceType::LoadBalancer, value_name = "TYPE")]
+    pub auth_service_type: AuthServiceType,
+    /// Controller replicas (leader election keeps one active).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i32).range(1..=10))]
+    pub replicas: i32,
+    /// API server URL peers should use [default: learned from the `kubernetes` EndpointSlice]
+    #[arg(long, value_name = "URL")]
+    pub api_server_url: Option<String>,
+    /// Authentication URL peers should use [default: from the tether-auth Service]
+    #[arg(long, value_name = "URL")]
+    pub auth_url: Option<String>,
+    /// Lifetime of the identities this cluster issues to consumers (at least 10m) [default: 24h]
+    #[arg(long, value_name = "DURATION")]
+    pub identity_lifetime: Option<String>,
+    /// How long to wait for the controller.
+    #[arg(long, default_value = "5m", value_name = "DURATION")]
+    pub timeout: String,
+    /// Print every object instead of applying it; changes nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Format of `--dry-run` output.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = ManifestFormat::Yaml, requires = "dry_run")]
+    pub output: ManifestFormat,
+    /// Apply the objects but do not wait for the controller.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub no_wait: bool,
+}
+
+/// `tether uninstall`.
+#[derive(Debug, Clone, Args)]
+pub struct UninstallArgs {
+    /// Uninstall even while peerings exist, removing finalizers that would block.
+    #[arg(long)]
+    pub force: bool,
+    /// Keep the CRDs (and so the custom resources that remain).
+    #[arg(long)]
+    pub keep_crds: bool,
+    /// How long to wait until everything is gone.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether peer`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("provider").required(true).args(["remote_kubeconfig", "auth_url"])))]
+pub struct PeerArgs {
+    /// Admin kubeconfig of the provider (the CLI makes a short-lived token there itself).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["auth_url", "token", "ca_fingerprint"])]
+    pub remote_kubeconfig: Option<PathBuf>,
+    /// Context in the provider's kubeconfig.
+    #[arg(long, value_name = "NAME", requires = "remote_kubeconfig")]
+    pub remote_context: Option<String>,
+    /// The provider's authentication URL (from `tether generate peer-command` there).
+    #[arg(long, value_name = "URL", requires_all = ["token", "ca_fingerprint"])]
+    pub auth_url: Option<String>,
+    /// The peering token (from `tether generate peer-command` on the provider).
+    #[arg(long, value_name = "TOKEN", requires = "auth_url")]
+    pub token: Option<String>,
+    /// The provider's authentication certificate fingerprint, `sha256:<64 hex digits>`.
+    #[arg(long, value_name = "FINGERPRINT", requires = "auth_url")]
+    pub ca_fingerprint: Option<String>,
+    /// Peering modules to turn on (comma-separated). This release has `authentication`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "authentication",
+        value_name = "LIST"
+    )]
+    pub modules: Vec<String>,
+    /// How long to wait for the peering.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether unpeer`.
+#[derive(Debug, Clone, Args)]
+#[command(group(clap::ArgGroup::new("remote").required(true).args(["remote_cluster_id", "remote_kubeconfig"])))]
+pub struct UnpeerArgs {
+    /// The provider's cluster ID.
+    #[arg(long, value_name = "ID")]
+    pub remote_cluster_id: Option<String>,
+    /// Admin kubeconfig of the provider (also checks that its side is gone).
+    #[arg(long, value_name = "FILE")]
+    pub remote_kubeconfig: Option<PathBuf>,
+    /// Context in the provider's kubeconfig.
+    #[arg(long, value_name = "NAME", requires = "remote_kubeconfig")]
+    pub remote_context: Option<String>,
+    /// The provider is unreachable: remove the local side only.
+    #[arg(long)]
+    pub force: bool,
+    /// How long to wait until the peering is gone.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether generate ...`.
+#[derive(Debug, Subcommand)]
+pub enum GenerateCommand {
+    /// Create a peering token and print the `tether peer` command a consumer runs.
+    PeerCommand(PeerCommandArgs),
+}
+
+/// Output formats of short commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TextOrJson {
+    /// Human text.
+    Text,
+    /// JSON.
+    Json,
+}
+
+/// `tether generate peer-command`.
+#[derive(Debug, Clone, Args)]
+pub struct PeerCommandArgs {
+    /// How long the token is valid.
+    #[arg(long, default_value = "24h", value_name = "DURATION")]
+    pub ttl: String,
+    /// A note shown by `tether token list` (who the token is for).
+    #[arg(long, value_name = "TEXT")]
+    pub description: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = TextOrJson::Text)]
+    pub output: TextOrJson,
+}
+
+/// `tether token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// List this cluster's peering tokens.
+    List(TokenListArgs),
+    /// Revoke a peering token (consumers that already peered keep their identity).
+    Revoke(TokenRevokeArgs),
+}
+
+/// `tether token list`.
+#[derive(Debug, Clone, Args)]
+pub struct TokenListArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = TextOrJson::Text)]
+    pub output: TextOrJson,
+}
+
+/// `tether token revoke`.
+#[derive(Debug, Clone, Args)]
+pub struct TokenRevokeArgs {
+    /// The token's ID (the middle part of the token, as `tether token list` shows it).
+    pub id: String,
+}
+
+/// Output formats of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusFormat {
+    /// Tables and explanations.
+    Table,
+    /// JSON.
+    Json,
+    /// YAML.
+    Yaml,
+}
+
+/// `tether status`.
+#[derive(Debug, Clone, Args)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = StatusFormat::Table)]
+    pub output: StatusFormat,
+}
+
+/// `tether version`.
+#[derive(Debug, Clone, Args)]
+pub struct VersionArgs {
+    /// Only the CLI's version; do not contact a cluster.
+    #[arg(long)]
+    pub client: bool,
+}
+
+/// Shells `tether completion` supports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Shell {
+    /// Bash.
+    Bash,
+    /// Zsh.
+    Zsh,
+    /// Fish.
+    Fish,
+}
+
+/// `tether completion`.
+#[derive(Debug, Clone, Args)]
+pub struct CompletionArgs {
+    /// The shell.
+    #[arg(value_enum)]
+    pub shell: Shell,
+}

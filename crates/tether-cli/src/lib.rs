@@ -1,0 +1,468 @@
+//! The `tether` command (also `kubectl tether`): install Tether into a cluster, peer clusters,
+//! manage peering tokens and show status.
+//!
+//! [`run`] is the whole command behind an argument list, for the binaries and for tests.
+//! The modules are usable on their own: [`manifests`] renders what `install` applies (pure),
+//! [`install`], [`peer`], [`tokens`] and [`status`] do the work against a cluster.
+
+pub mod cli;
+pub mod cluster;
+pub mod error;
+pub mod install;
+pub mod manifests;
+pub mod peer;
+pub mod progress;
+pub mod status;
+pub mod text;
+pub mod tokens;
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{CommandFactory as _, FromArgMatches as _};
+use k8s_openapi::jiff::Timestamp;
+use tether_api::ClusterId;
+
+pub use crate::cli::Cli;
+use crate::cli::{
+    Command, CompletionArgs, GenerateCommand, InstallArgs, ManifestFormat, PeerArgs,
+    PeerCommandArgs, Shell, StatusArgs, StatusFormat, TextOrJson, TokenCommand, UninstallArgs,
+    UnpeerArgs, VersionArgs,
+};
+use crate::cluster::Target;
+pub use crate::error::{Error, Result};
+use crate::manifests::InstallOptions;
+use crate::progress::Progress;
+
+/// The shortest identity lifetime the controller accepts.
+pub const MIN_IDENTITY_LIFETIME: Duration = Duration::from_secs(600);
+
+/// Runs the command line `args` (the first item is the program name) and returns its exit
+/// code: 0 ok, 1 other error, 2 usage, 3 unreachable cluster, 4 failed check.
+pub fn run<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    run_as("tether", args)
+}
+
+/// [`run`] under another program name (`kubectl tether` for the kubectl plugin), which help
+/// and completion show.
+pub fn run_as<I, T>(bin_name: &str, args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let matches = match Cli::command()
+        .bin_name(bin_name.to_owned())
+        .try_get_matches_from(args)
+    {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(error::EXIT_USAGE));
+        }
+    };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(error::EXIT_USAGE);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(execute(cli, bin_name)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            e.to_exit_code()
+        }
+    }
+}
+
+/// Runs a parsed command line.
+pub async fn execute(cli: Cli, bin_name: &str) -> Result<()> {
+    let local = Target::new(
+        cli.global.kubeconfig.as_deref(),
+        cli.global.context.as_deref(),
+    );
+    match cli.command {
+        Command::Install(args) => install_cmd(&local, args).await,
+        Command::Uninstall(args) => uninstall_cmd(&local, args).await,
+        Command::Peer(args) => peer_cmd(&local, args).await,
+        Command::Unpeer(args) => unpeer_cmd(&local, args).await,
+        Command::Generate(GenerateCommand::PeerCommand(args)) => {
+            peer_command_cmd(&local, args).await
+        }
+        Command::Token(TokenCommand::List(args)) => {
+            let conn = cluster::connect(&local, "local").await?;
+            cluster::installed_cluster_id(&conn).await?;
+            let list = tokens::list(&conn.client).await?;
+            match args.output {
+                TextOrJson::Text => print!("{}", tokens::render_list(&list, Timestamp::now())),
+                TextOrJson::Json => println!("{}", to_json(&list)?),
+            }
+            Ok(())
+        }
+        Command::Token(TokenCommand::Revoke(args)) => {
+            let conn = cluster::connect(&local, "local").await?;
+            cluster::installed_cluster_id(&conn).await?;
+            tokens::revoke(&conn.client, &args.id).await?;
+            println!(
+                "Token {} revoked. Consumers that already peered with it keep their identity; \
+                 unpeer them to cut them off.",
+                args.id
+            );
+            Ok(())
+        }
+        Command::Status(args) => status_cmd(&local, args).await,
+        Command::Version(args) => version_cmd(&local, args).await,
+        Command::Completion(CompletionArgs { shell }) => {
+            completion(shell, bin_name);
+            Ok(())
+        }
+    }
+}
+
+fn parse_timeout(flag: &str, value: &str) -> Result<Duration> {
+    let d = text::parse_duration(value).map_err(|e| Error::Usage(format!("--{flag}: {e}")))?;
+    if d.is_zero() {
+        return Err(Error::Usage(format!("--{flag} must be longer than 0s")));
+    }
+    Ok(d)
+}
+
+fn parse_cluster_id(flag: &str, value: &str) -> Result<ClusterId> {
+    ClusterId::new(value).map_err(|e| Error::Usage(format!("--{flag}: {e}")))
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string_pretty(value).map_err(|e| Error::Output(e.to_string()))
+}
+
+/// Validates the install flags into options (the cluster ID is decided later).
+fn install_options(args: &InstallArgs, cluster_id: ClusterId) -> Result<InstallOptions> {
+    let mut opts = InstallOptions::new(cluster_id);
+    if let Some(image) = &args.image {
+        if image.trim().is_empty() || image.contains(char::is_whitespace) {
+            return Err(Error::Usage(format!(
+                "--image {image:?} is not an image reference; use e.g. ghcr.io/tether-dev/tetherd:v0.1.0"
+            )));
+        }
+        opts.image = image.clone();
+    }
+    opts.auth_service_type = args.auth_service_type;
+    opts.replicas = args.replicas;
+    if let Some(url) = &args.api_server_url {
+        if !url.starts_with("https://") || url.len() <= "https://".len() {
+            return Err(Error::Usage(format!(
+                "--api-server-url {url:?} must be an https:// URL of the API server peers reach"
+            )));
+        }
+        opts.api_server_url = Some(url.clone());
+    }
+    if let Some(url) = &args.auth_url {
+        opts.auth_url = Some(peer::check_auth_url(url).map_err(|_| {
+            Error::Usage(format!(
+                "--auth-url {url:?} must be https://HOST[:PORT], the address peers reach the \
+                 authentication service at"
+            ))
+        })?);
+    }
+    if let Some(lifetime) = &args.identity_lifetime {
+        let d = text::parse_duration(lifetime)
+            .map_err(|e| Error::Usage(format!("--identity-lifetime: {e}")))?;
+        if d < MIN_IDENTITY_LIFETIME {
+            return Err(Error::Usage(format!(
+                "--identity-lifetime {lifetime} is too short: identities live at least 10m"
+            )));
+        }
+        opts.identity_lifetime = Some(text::format_duration(d));
+    }
+    Ok(opts)
+}
+
+async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let requested = args
+        .cluster_id
+        .as_deref()
+        .map(|id| parse_cluster_id("cluster-id", id))
+        .transpose()?;
+    // Validate every flag before contacting anything.
+    install_options(&args, ClusterId::generate())?;
+    if args.dry_run
+        && let Some(id) = &requested
+    {
+        print_manifests(&install_options(&args, id.clone())?, args.output);
+        return Ok(());
+    }
+    let conn = cluster::connect(local, "local").await.map_err(|e| match e {
+        Error::Unreachable { role, url, message } if args.dry_run => Error::Unreachable {
+            role,
+            url,
+            message: format!(
+                "{message} (--dry-run without --cluster-id reads the stored ID; pass --cluster-id \
+                 to render without a cluster)"
+            ),
+        },
+        other => other,
+    })?;
+    let (cluster_id, source) =
+        install::resolve_cluster_id(&conn.client, requested.as_ref()).await?;
+    let opts = install_options(&args, cluster_id.clone())?;
+    if args.dry_run {
+        print_manifests(&opts, args.output);
+        return Ok(());
+    }
+    let mut progress = Progress::new();
+    match source {
+        IdSourceNote::Generated => progress.note(format!(
+            "cluster ID {cluster_id} (generated; pass --cluster-id to choose one)"
+        )),
+        IdSourceNote::Stored => progress.note(format!(
+            "cluster ID {cluster_id} (kept from the existing install)"
+        )),
+        IdSourceNote::Flag => progress.note(format!("cluster ID {cluster_id}")),
+    }
+    let manifests = manifests::render(&opts);
+    install::apply(&conn.client, &manifests, timeout, &mut progress).await?;
+    if args.no_wait {
+        drop(progress);
+        println!(
+            "Tether applied to {} (cluster ID {cluster_id}); not waiting for the controller (--no-wait).",
+            conn.url
+        );
+        return Ok(());
+    }
+    let identity = install::wait_ready(&conn.client, &cluster_id, timeout, &mut progress).await?;
+    drop(progress);
+    println!("Tether is installed.");
+    println!("  cluster ID:          {cluster_id}");
+    println!(
+        "  authentication URL:  {}",
+        identity.auth_url.as_deref().unwrap_or_default()
+    );
+    println!(
+        "  fingerprint:         {}",
+        identity.auth_fingerprint.as_deref().unwrap_or_default()
+    );
+    println!();
+    println!("Next:");
+    println!("  - to let another cluster consume from this one, run here:");
+    println!("      tether generate peer-command");
+    println!("    and run the printed `tether peer ...` line against the other cluster;");
+    println!("  - or, with admin kubeconfigs of both clusters, run from the consumer:");
+    println!("      tether peer --kubeconfig CONSUMER --remote-kubeconfig PROVIDER");
+    println!("  - `tether status` shows this cluster and its peers.");
+    Ok(())
+}
+
+use install::IdSource as IdSourceNote;
+
+fn print_manifests(opts: &InstallOptions, format: ManifestFormat) {
+    let objects = manifests::render(opts);
+    match format {
+        ManifestFormat::Yaml => print!("{}", manifests::to_yaml(&objects)),
+        ManifestFormat::Json => print!("{}", manifests::to_json(&objects)),
+    }
+}
+
+async fn uninstall_cmd(local: &Target, args: UninstallArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let conn = cluster::connect(local, "local").await?;
+    let mut progress = Progress::new();
+    install::uninstall(
+        &conn,
+        install::UninstallOptions {
+            force: args.force,
+            keep_crds: args.keep_crds,
+            timeout,
+        },
+        &mut progress,
+    )
+    .await?;
+    drop(progress);
+    if args.keep_crds {
+        println!(
+            "Tether is uninstalled from {}; the CRDs were kept (--keep-crds).",
+            conn.url
+        );
+    } else {
+        println!("Tether is uninstalled from {}.", conn.url);
+    }
+    Ok(())
+}
+
+async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    peer::check_modules(&args.modules)?;
+    let provider = match (
+        &args.remote_kubeconfig,
+        &args.auth_url,
+        &args.token,
+        &args.ca_fingerprint,
+    ) {
+        (Some(path), _, _, _) => {
+            peer::Provider::Kubeconfig(Target::new(Some(path), args.remote_context.as_deref()))
+        }
+        (None, Some(url), Some(token), Some(fp)) => peer::parse_token_form(url, token, fp)?,
+        _ => {
+            return Err(Error::Usage(
+                "give the provider either as --remote-kubeconfig FILE or as --auth-url URL \
+                 --token TOKEN --ca-fingerprint FINGERPRINT (from `tether generate peer-command` \
+                 on the provider)"
+                    .to_owned(),
+            ));
+        }
+    };
+    let mut progress = Progress::new();
+    let outcome = peer::peer(local, &provider, timeout, &mut progress).await?;
+    drop(progress);
+    match outcome {
+        peer::PeerOutcome::AlreadyPeered { provider } => {
+            println!("Already peered with {provider}; nothing changed.");
+        }
+        peer::PeerOutcome::Peered { provider } => {
+            println!("Peered with {provider}: this cluster is authenticated as its consumer.");
+            println!("`tether status` shows the peering.");
+        }
+    }
+    Ok(())
+}
+
+async fn unpeer_cmd(local: &Target, args: UnpeerArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let remote_id = args
+        .remote_cluster_id
+        .as_deref()
+        .map(|id| parse_cluster_id("remote-cluster-id", id))
+        .transpose()?;
+    let remote = args
+        .remote_kubeconfig
+        .as_deref()
+        .map(|p| Target::new(Some(p), args.remote_context.as_deref()));
+    let mut progress = Progress::new();
+    peer::unpeer(
+        local,
+        remote_id.as_ref(),
+        remote.as_ref(),
+        args.force,
+        timeout,
+        &mut progress,
+    )
+    .await?;
+    drop(progress);
+    println!("Unpeered.");
+    Ok(())
+}
+
+async fn peer_command_cmd(local: &Target, args: PeerCommandArgs) -> Result<()> {
+    let ttl = parse_timeout("ttl", &args.ttl)?;
+    let conn = cluster::connect(local, "local").await?;
+    let cluster_id = cluster::installed_cluster_id(&conn).await?;
+    let identity = cluster::public_identity(&conn.client)
+        .await?
+        .filter(cluster::PublicIdentity::is_complete)
+        .ok_or_else(|| {
+            Error::Check(
+                "the controller has not published this cluster's authentication URL and \
+                 fingerprint yet (ConfigMap tether-system/tether-public-identity); wait for \
+                 `tether install` to finish, and see `tether status`"
+                    .to_owned(),
+            )
+        })?;
+    let auth_url = identity.auth_url.clone().unwrap_or_default();
+    let fingerprint = identity.auth_fingerprint.clone().unwrap_or_default();
+    let (token, expires) =
+        tokens::create(&conn.client, &cluster_id, ttl, args.description.as_deref()).await?;
+    let command = tokens::peer_command(&auth_url, &token, &fingerprint);
+    match args.output {
+        TextOrJson::Text => {
+            eprintln!(
+                "# Token {} for cluster {cluster_id}, valid until {}. Run this against the consumer cluster (add --kubeconfig):",
+                token.id(),
+                tokens::rfc3339(expires)
+            );
+            println!("{command}");
+        }
+        TextOrJson::Json => {
+            let value = serde_json::json!({
+                "clusterID": cluster_id.as_str(),
+                "tokenID": token.id(),
+                "token": token.expose(),
+                "authURL": auth_url,
+                "caFingerprint": fingerprint,
+                "expiresAt": tokens::rfc3339(expires),
+                "command": command,
+            });
+            println!("{}", to_json(&value)?);
+        }
+    }
+    Ok(())
+}
+
+async fn status_cmd(local: &Target, args: StatusArgs) -> Result<()> {
+    let conn = cluster::connect(local, "local").await?;
+    let report = status::gather(&conn).await?;
+    match args.output {
+        StatusFormat::Table => print!("{}", status::render_table(&report)),
+        StatusFormat::Json => println!("{}", to_json(&report)?),
+        StatusFormat::Yaml => print!(
+            "{}",
+            serde_yaml::to_string(&report).map_err(|e| Error::Output(e.to_string()))?
+        ),
+    }
+    Ok(())
+}
+
+async fn version_cmd(local: &Target, args: VersionArgs) -> Result<()> {
+    println!("tether CLI: {}", manifests::cli_version());
+    let has_cluster = local.kubeconfig.is_some()
+        || local.context.is_some()
+        || std::env::var_os("KUBECONFIG").is_some_and(|v| !v.is_empty());
+    if args.client || !has_cluster {
+        return Ok(());
+    }
+    let conn = cluster::connect(local, "local").await?;
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(conn.client.clone(), tether_api::names::SYSTEM_NAMESPACE);
+    match deployments
+        .get_opt(tether_api::names::objects::CONTROLLER)
+        .await
+        .map_err(Error::api("reading the controller Deployment"))?
+        .as_ref()
+        .and_then(status::controller_image)
+    {
+        Some(image) => println!("controller image: {image}"),
+        None => println!("controller: not installed in {}", conn.url),
+    }
+    Ok(())
+}
+
+fn completion(shell: Shell, bin_name: &str) {
+    let mut cmd = Cli::command();
+    let name = bin_name.replace(' ', "-");
+    let mut out = std::io::stdout();
+    match shell {
+        Shell::Bash => {
+            clap_complete::generate(clap_complete::Shell::Bash, &mut cmd, name, &mut out)
+        }
+        Shell::Zsh => clap_complete::generate(clap_complete::Shell::Zsh, &mut cmd, name, &mut out),
+        Shell::Fish => {
+            clap_complete::generate(clap_complete::Shell::Fish, &mut cmd, name, &mut out)
+        }
+    }
+}

@@ -1,0 +1,796 @@
+//! What `tether install` creates, as typed Kubernetes objects in the order they are applied:
+//! the namespace, the CRDs, the controller's ServiceAccount and least-privilege RBAC, the
+//! cluster-ID ConfigMap, the controller Deployment and the authentication Service.
+//!
+//! Pure: no IO, no clock, no randomness. The same options always render the same objects.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, Namespace, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServiceAccount,
+    ServicePort, ServiceSpec,
+};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
+use tether_api::ClusterId;
+use tether_api::names::{SYSTEM_NAMESPACE, labels, objects};
+
+/// The controller's admin port (`/metrics`, `/healthz`, `/readyz`).
+pub const ADMIN_PORT: i32 = 9090;
+/// The authentication service's container port.
+pub const AUTH_PORT: i32 = 8443;
+/// The authentication Service's port.
+pub const AUTH_SERVICE_PORT: i32 = 443;
+/// The Role (and RoleBinding) in `default` that lets the controller read the API server's
+/// EndpointSlice.
+pub const APISERVER_ROLE: &str = "tether-controller-apiserver";
+/// The controller's container name.
+pub const CONTAINER: &str = "controller";
+/// The label whose value names the controller's pods.
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+/// The user the image runs as (the distroless convention for "nonroot").
+pub const RUN_AS_USER: i64 = 65532;
+
+/// The CLI's version, as it appears in the default image tag (`v0.1.0`).
+pub fn cli_version() -> String {
+    format!("v{}", env!("CARGO_PKG_VERSION"))
+}
+
+/// The image `tether install` deploys unless `--image` says otherwise.
+pub fn default_image() -> String {
+    format!("{}:{}", objects::IMAGE, cli_version())
+}
+
+/// The authentication Service's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize)]
+pub enum AuthServiceType {
+    /// A load balancer address (the default; needs a load-balancer provider).
+    #[default]
+    #[value(name = "LoadBalancer")]
+    LoadBalancer,
+    /// A port on every node.
+    #[value(name = "NodePort")]
+    NodePort,
+}
+
+impl AuthServiceType {
+    /// The Service `spec.type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LoadBalancer => "LoadBalancer",
+            Self::NodePort => "NodePort",
+        }
+    }
+}
+
+/// Everything the rendered objects depend on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallOptions {
+    /// The cluster's ID (stored in `tether-cluster-id`).
+    pub cluster_id: ClusterId,
+    /// The controller's image reference.
+    pub image: String,
+    /// How the authentication service is exposed.
+    pub auth_service_type: AuthServiceType,
+    /// Controller replicas (leader election makes more than one safe).
+    pub replicas: i32,
+    /// `--api-server-url` for the controller: the API server URL peers should use.
+    pub api_server_url: Option<String>,
+    /// `--auth-url` for the controller: the authentication URL peers should use.
+    pub auth_url: Option<String>,
+    /// `--identity-lifetime` for the controller (a duration such as `24h`).
+    pub identity_lifetime: Option<String>,
+}
+
+impl InstallOptions {
+    /// Defaults for everything but the cluster ID.
+    pub fn new(cluster_id: ClusterId) -> Self {
+        Self {
+            cluster_id,
+            image: default_image(),
+            auth_service_type: AuthServiceType::default(),
+            replicas: 1,
+            api_server_url: None,
+            auth_url: None,
+            identity_lifetime: None,
+        }
+    }
+}
+
+/// One object `tether install` applies.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(clippy::large_enum_variant)]
+pub enum Manifest {
+    /// `tether-system`.
+    Namespace(Namespace),
+    /// A Tether CRD.
+    CustomResourceDefinition(CustomResourceDefinition),
+    /// The controller's ServiceAccount.
+    ServiceAccount(ServiceAccount),
+    /// A ClusterRole.
+    ClusterRole(ClusterRole),
+    /// A ClusterRoleBinding.
+    ClusterRoleBinding(ClusterRoleBinding),
+    /// A Role.
+    Role(Role),
+    /// A RoleBinding.
+    RoleBinding(RoleBinding),
+    /// The cluster-ID ConfigMap.
+    ConfigMap(ConfigMap),
+    /// The controller.
+    Deployment(Deployment),
+    /// The authentication Service.
+    Service(Service),
+}
+
+macro_rules! each_manifest {
+    ($value:expr, $obj:ident => $body:expr) => {
+        match $value {
+            Manifest::Namespace($obj) => $body,
+            Manifest::CustomResourceDefinition($obj) => $body,
+            Manifest::ServiceAccount($obj) => $body,
+            Manifest::ClusterRole($obj) => $body,
+            Manifest::ClusterRoleBinding($obj) => $body,
+            Manifest::Role($obj) => $body,
+            Manifest::RoleBinding($obj) => $body,
+            Manifest::ConfigMap($obj) => $body,
+            Manifest::Deployment($obj) => $body,
+            Manifest::Service($obj) => $body,
+        }
+    };
+}
+pub(crate) use each_manifest;
+
+impl Manifest {
+    /// The object's metadata.
+    pub fn metadata(&self) -> &ObjectMeta {
+        each_manifest!(self, o => &o.metadata)
+    }
+
+    /// The object's name.
+    pub fn name(&self) -> &str {
+        self.metadata().name.as_deref().unwrap_or_default()
+    }
+
+    /// The object's namespace (`None` for cluster-scoped objects).
+    pub fn namespace(&self) -> Option<&str> {
+        self.metadata().namespace.as_deref()
+    }
+
+    /// The object's kind.
+    pub fn kind(&self) -> &'static str {
+        each_manifest!(self, o => kind_of(o))
+    }
+
+    /// `Kind namespace/name` (or `Kind name`), for messages.
+    pub fn describe(&self) -> String {
+        match self.namespace() {
+            Some(ns) => format!("{} {ns}/{}", self.kind(), self.name()),
+            None => format!("{} {}", self.kind(), self.name()),
+        }
+    }
+
+    /// The object as JSON, with `apiVersion` and `kind`.
+    pub fn to_value(&self) -> serde_json::Value {
+        each_manifest!(self, o => serde_json::to_value(o))
+            .expect("invariant: Kubernetes objects always serialise")
+    }
+}
+
+fn kind_of<K: k8s_openapi::Resource>(_: &K) -> &'static str {
+    K::KIND
+}
+
+/// Every object `tether install` applies, in dependency order: namespace, CRDs,
+/// ServiceAccount, ClusterRoles, ClusterRoleBindings, Roles, RoleBindings, ConfigMap,
+/// Deployment, Service.
+pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
+    let mut out = vec![Manifest::Namespace(Namespace {
+        metadata: meta(SYSTEM_NAMESPACE, None),
+        ..Default::default()
+    })];
+    out.extend(
+        tether_api::crds::all()
+            .into_iter()
+            .map(Manifest::CustomResourceDefinition),
+    );
+    out.push(Manifest::ServiceAccount(ServiceAccount {
+        metadata: meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE)),
+        ..Default::default()
+    }));
+    for (name, rules) in [
+        (objects::CONTROLLER, controller_cluster_rules()),
+        (objects::CONTROLLER_TENANT_ROLE, controller_tenant_rules()),
+        (objects::TENANT_ROLE, tenant_rules()),
+    ] {
+        out.push(Manifest::ClusterRole(ClusterRole {
+            metadata: meta(name, None),
+            rules: Some(rules),
+            ..Default::default()
+        }));
+    }
+    out.push(Manifest::ClusterRoleBinding(ClusterRoleBinding {
+        metadata: meta(objects::CONTROLLER, None),
+        role_ref: role_ref("ClusterRole", objects::CONTROLLER),
+        subjects: Some(vec![controller_subject()]),
+    }));
+    out.push(Manifest::Role(Role {
+        metadata: meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE)),
+        rules: Some(controller_system_rules()),
+    }));
+    out.push(Manifest::Role(Role {
+        metadata: meta(APISERVER_ROLE, Some("default")),
+        rules: Some(vec![rule_named(
+            "discovery.k8s.io",
+            &["endpointslices"],
+            &["get"],
+            &["kubernetes"],
+        )]),
+    }));
+    for (name, namespace) in [
+        (objects::CONTROLLER, SYSTEM_NAMESPACE),
+        (APISERVER_ROLE, "default"),
+    ] {
+        out.push(Manifest::RoleBinding(RoleBinding {
+            metadata: meta(name, Some(namespace)),
+            role_ref: role_ref("Role", name),
+            subjects: Some(vec![controller_subject()]),
+        }));
+    }
+    out.push(Manifest::ConfigMap(ConfigMap {
+        metadata: meta(objects::CLUSTER_ID_CONFIGMAP, Some(SYSTEM_NAMESPACE)),
+        data: Some(BTreeMap::from([(
+            objects::CLUSTER_ID_KEY.to_owned(),
+            opts.cluster_id.to_string(),
+        )])),
+        ..Default::default()
+    }));
+    out.push(Manifest::Deployment(deployment(opts)));
+    out.push(Manifest::Service(auth_service(opts)));
+    out
+}
+
+/// The labels on everything `tether install` creates.
+pub fn common_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(
+        labels::PART_OF.to_owned(),
+        labels::MANAGED_BY_VALUE.to_owned(),
+    )])
+}
+
+/// The labels of the controller's pods (also the Deployment's and the selector's superset).
+pub fn controller_labels() -> BTreeMap<String, String> {
+    let mut l = common_labels();
+    l.insert(NAME_LABEL.to_owned(), objects::CONTROLLER.to_owned());
+    l.insert(labels::COMPONENT.to_owned(), "controller".to_owned());
+    l
+}
+
+/// The label selector of the controller's pods, as a string for list calls.
+pub fn controller_selector() -> String {
+    format!("{NAME_LABEL}={}", objects::CONTROLLER)
+}
+
+fn meta(name: &str, namespace: Option<&str>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: namespace.map(str::to_owned),
+        labels: Some(common_labels()),
+        ..Default::default()
+    }
+}
+
+fn role_ref(kind: &str, name: &str) -> RoleRef {
+    RoleRef {
+        api_group: "rbac.authorization.k8s.io".to_owned(),
+        kind: kind.to_owned(),
+        name: name.to_owned(),
+    }
+}
+
+fn controller_subject() -> Subject {
+    Subject {
+        kind: "ServiceAccount".to_owned(),
+        name: objects::CONTROLLER.to_owned(),
+        namespace: Some(SYSTEM_NAMESPACE.to_owned()),
+        api_group: None,
+    }
+}
+
+fn strings(items: &[&str]) -> Vec<String> {
+    items.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
+    PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(strings(resources)),
+        verbs: strings(verbs),
+        ..Default::default()
+    }
+}
+
+fn rule_named(group: &str, resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
+    PolicyRule {
+        resource_names: Some(strings(names)),
+        ..rule(group, resources, verbs)
+    }
+}
+
+/// Every verb but `*`.
+const ALL_VERBS: &[&str] = &[
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+const READ: &[&str] = &["get", "list", "watch"];
+const STATUS_WRITE: &[&str] = &["get", "update", "patch"];
+
+/// The namespaced kinds of Tether's groups, which live in tenant namespaces.
+const TENANT_KINDS: &[(&str, &str)] = &[
+    ("authentication.tether.dev", "resourceslices"),
+    ("networking.tether.dev", "configurations"),
+    ("networking.tether.dev", "gatewayservers"),
+    ("networking.tether.dev", "gatewayclients"),
+    ("networking.tether.dev", "connections"),
+    ("offloading.tether.dev", "virtualnodes"),
+    ("offloading.tether.dev", "namespaceoffloadings"),
+    ("offloading.tether.dev", "shadowpods"),
+];
+
+/// What the controller does cluster-wide.
+fn controller_cluster_rules() -> Vec<PolicyRule> {
+    vec![
+        rule("core.tether.dev", &["foreignclusters"], ALL_VERBS),
+        rule("core.tether.dev", &["foreignclusters/status"], STATUS_WRITE),
+        rule(
+            "core.tether.dev",
+            &["foreignclusters/finalizers"],
+            &["update"],
+        ),
+        rule("authentication.tether.dev", &["tenants"], ALL_VERBS),
+        rule(
+            "authentication.tether.dev",
+            &["tenants/status"],
+            STATUS_WRITE,
+        ),
+        rule(
+            "authentication.tether.dev",
+            &["tenants/finalizers"],
+            &["update"],
+        ),
+        rule("authentication.tether.dev", &["resourceslices"], READ),
+        rule(
+            "",
+            &["namespaces"],
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        rule("", &["nodes"], READ),
+        rule("rbac.authorization.k8s.io", &["rolebindings"], ALL_VERBS),
+        rule_named(
+            "rbac.authorization.k8s.io",
+            &["clusterroles"],
+            &["bind"],
+            &[objects::TENANT_ROLE, objects::CONTROLLER_TENANT_ROLE],
+        ),
+        rule(
+            "certificates.k8s.io",
+            &["certificatesigningrequests"],
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        rule(
+            "certificates.k8s.io",
+            &["certificatesigningrequests/approval"],
+            &["update"],
+        ),
+        rule_named(
+            "certificates.k8s.io",
+            &["signers"],
+            &["approve"],
+            &["kubernetes.io/kube-apiserver-client"],
+        ),
+        rule("events.k8s.io", &["events"], &["create", "patch", "update"]),
+        rule("", &["events"], &["create", "patch", "update"]),
+    ]
+}
+
+/// What the controller does inside a tenant namespace (bound there by the controller).
+fn controller_tenant_rules() -> Vec<PolicyRule> {
+    let mut rules = vec![rule("", &["secrets"], ALL_VERBS)];
+    for group in groups_of(TENANT_KINDS) {
+        let kinds: Vec<&str> = kinds_in(TENANT_KINDS, group);
+        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
+        let finalizers: Vec<String> = kinds.iter().map(|k| format!("{k}/finalizers")).collect();
+        rules.push(rule(group, &kinds, ALL_VERBS));
+        rules.push(rule(
+            group,
+            &status.iter().map(String::as_str).collect::<Vec<_>>(),
+            STATUS_WRITE,
+        ));
+        rules.push(rule(
+            group,
+            &finalizers.iter().map(String::as_str).collect::<Vec<_>>(),
+            &["update"],
+        ));
+    }
+    rules
+}
+
+/// What a consumer's identity may do in its tenant namespace on the provider.
+fn tenant_rules() -> Vec<PolicyRule> {
+    let consumer_kinds: &[(&str, &str)] = &[
+        ("authentication.tether.dev", "resourceslices"),
+        ("offloading.tether.dev", "shadowpods"),
+        ("networking.tether.dev", "configurations"),
+        ("networking.tether.dev", "gatewayservers"),
+        ("networking.tether.dev", "gatewayclients"),
+        ("networking.tether.dev", "connections"),
+    ];
+    let mut rules = Vec::new();
+    for group in groups_of(consumer_kinds) {
+        let kinds = kinds_in(consumer_kinds, group);
+        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
+        rules.push(rule(group, &kinds, ALL_VERBS));
+        rules.push(rule(
+            group,
+            &status.iter().map(String::as_str).collect::<Vec<_>>(),
+            &["get"],
+        ));
+    }
+    rules
+}
+
+/// What the controller does in `tether-system`.
+fn controller_system_rules() -> Vec<PolicyRule> {
+    vec![
+        rule("", &["secrets", "configmaps"], ALL_VERBS),
+        rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
+        rule("", &["services"], READ),
+        rule("", &["pods"], &["get", "list"]),
+    ]
+}
+
+fn groups_of<'a>(kinds: &[(&'a str, &str)]) -> Vec<&'a str> {
+    let mut groups: Vec<&str> = Vec::new();
+    for (g, _) in kinds {
+        if !groups.contains(g) {
+            groups.push(g);
+        }
+    }
+    groups
+}
+
+fn kinds_in<'a>(kinds: &[(&str, &'a str)], group: &str) -> Vec<&'a str> {
+    kinds
+        .iter()
+        .filter(|(g, _)| *g == group)
+        .map(|(_, k)| *k)
+        .collect()
+}
+
+fn deployment(opts: &InstallOptions) -> Deployment {
+    let mut args = strings(&[
+        "controller",
+        "--auth-listen=0.0.0.0:8443",
+        "--admin-addr=0.0.0.0:9090",
+        "--log-format=json",
+    ]);
+    if let Some(url) = &opts.api_server_url {
+        args.push(format!("--api-server-url={url}"));
+    }
+    if let Some(url) = &opts.auth_url {
+        args.push(format!("--auth-url={url}"));
+    }
+    if let Some(lifetime) = &opts.identity_lifetime {
+        args.push(format!("--identity-lifetime={lifetime}"));
+    }
+    let field_env = |name: &str, path: &str| EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                api_version: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::Int(ADMIN_PORT),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let container = Container {
+        name: CONTAINER.to_owned(),
+        image: Some(opts.image.clone()),
+        args: Some(args),
+        env: Some(vec![
+            EnvVar {
+                name: "TETHER_CLUSTER_ID".to_owned(),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: objects::CLUSTER_ID_CONFIGMAP.to_owned(),
+                        key: objects::CLUSTER_ID_KEY.to_owned(),
+                        optional: None,
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            field_env("POD_NAME", "metadata.name"),
+            field_env("POD_NAMESPACE", "metadata.namespace"),
+        ]),
+        ports: Some(vec![
+            ContainerPort {
+                name: Some("admin".to_owned()),
+                container_port: ADMIN_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("https".to_owned()),
+                container_port: AUTH_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            },
+        ]),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(probe("/healthz")),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("10m".to_owned())),
+                ("memory".to_owned(), Quantity("32Mi".to_owned())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                Quantity("128Mi".to_owned()),
+            )])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(strings(&["ALL"])),
+                add: None,
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let selector = BTreeMap::from([(NAME_LABEL.to_owned(), objects::CONTROLLER.to_owned())]);
+    Deployment {
+        metadata: ObjectMeta {
+            labels: Some(controller_labels()),
+            ..meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE))
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(opts.replicas),
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(controller_labels()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(objects::CONTROLLER.to_owned()),
+                    containers: vec![container],
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(RUN_AS_USER),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".to_owned(),
+                            localhost_profile: None,
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+fn auth_service(opts: &InstallOptions) -> Service {
+    Service {
+        metadata: ObjectMeta {
+            labels: Some({
+                let mut l = common_labels();
+                l.insert(labels::COMPONENT.to_owned(), "auth".to_owned());
+                l
+            }),
+            ..meta(objects::AUTH_SERVICE, Some(SYSTEM_NAMESPACE))
+        },
+        spec: Some(ServiceSpec {
+            type_: Some(opts.auth_service_type.as_str().to_owned()),
+            selector: Some(BTreeMap::from([(
+                NAME_LABEL.to_owned(),
+                objects::CONTROLLER.to_owned(),
+            )])),
+            ports: Some(vec![ServicePort {
+                name: Some("https".to_owned()),
+                port: AUTH_SERVICE_PORT,
+                target_port: Some(IntOrString::Int(AUTH_PORT)),
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The objects as a multi-document YAML stream (`kubectl apply -f -` reads it).
+pub fn to_yaml(manifests: &[Manifest]) -> String {
+    let mut out = String::new();
+    for m in manifests {
+        out.push_str("---\n");
+        out.push_str(
+            &serde_yaml::to_string(&m.to_value())
+                .expect("invariant: JSON values always serialise as YAML"),
+        );
+    }
+    out
+}
+
+/// The objects as one `v1 List` in JSON (`kubectl apply -f -` reads it too).
+pub fn to_json(manifests: &[Manifest]) -> String {
+    let list = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": manifests.iter().map(Manifest::to_value).collect::<Vec<_>>(),
+    });
+    let mut s =
+        serde_json::to_string_pretty(&list).expect("invariant: JSON values always serialise");
+    s.push('\n');
+    s
+}
+
+/// A readable listing of every RBAC rule in `manifests`: per role, who it is bound to and
+/// one line per resource: `apiGroup  resource  verbs  [names]`.
+pub fn rbac_listing(manifests: &[Manifest]) -> String {
+    let mut out = String::new();
+    for m in manifests {
+        let (kind, name, namespace, rules) = match m {
+            Manifest::ClusterRole(r) => (
+                "ClusterRole",
+                m.name(),
+                None,
+                r.rules.as_deref().unwrap_or_default(),
+            ),
+            Manifest::Role(r) => (
+                "Role",
+                m.name(),
+                m.namespace(),
+                r.rules.as_deref().unwrap_or_default(),
+            ),
+            _ => continue,
+        };
+        let where_ = namespace.map(|ns| format!(" in {ns}")).unwrap_or_default();
+        let _ = writeln!(out, "{kind} {name}{where_}");
+        let bound: Vec<String> = manifests
+            .iter()
+            .filter_map(|b| binding_of(b, kind, name, namespace))
+            .collect();
+        if bound.is_empty() {
+            let _ = writeln!(
+                out,
+                "  bound by the controller at run time (not by tether install)"
+            );
+        }
+        for b in bound {
+            let _ = writeln!(out, "  bound to {b}");
+        }
+        for r in rules {
+            let groups = r
+                .api_groups
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .map(|g| if g.is_empty() { "\"\"" } else { g.as_str() })
+                .collect::<Vec<_>>()
+                .join(",");
+            let names = r
+                .resource_names
+                .as_deref()
+                .map(|n| format!("  names={}", n.join(",")))
+                .unwrap_or_default();
+            for resource in r.resources.as_deref().unwrap_or_default() {
+                let _ = writeln!(
+                    out,
+                    "  {groups:<27} {resource:<36} {}{names}",
+                    r.verbs.join(" ")
+                );
+            }
+        }
+    }
+    out
+}
+
+fn binding_of(m: &Manifest, kind: &str, name: &str, namespace: Option<&str>) -> Option<String> {
+    let (role_ref, subjects, scope) = match m {
+        Manifest::ClusterRoleBinding(b) => (&b.role_ref, &b.subjects, "cluster-wide".to_owned()),
+        Manifest::RoleBinding(b) => (
+            &b.role_ref,
+            &b.subjects,
+            format!("in {}", m.namespace().unwrap_or_default()),
+        ),
+        _ => return None,
+    };
+    let same_scope = match m {
+        Manifest::RoleBinding(_) if kind == "Role" => m.namespace() == namespace,
+        _ => true,
+    };
+    if role_ref.kind != kind || role_ref.name != name || !same_scope {
+        return None;
+    }
+    let who = subjects
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .map(|s| match &s.namespace {
+            Some(ns) => format!("{} {ns}/{}", s.kind, s.name),
+            None => format!("{} {}", s.kind, s.name),
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!("{who} {scope} ({} {})", m.kind(), m.name()))
+}
+
+/// Every wildcard (`*`) in a verb, resource, API group or resource name of any role in
+/// `manifests`, as `Kind name: field`.
+pub fn wildcards(manifests: &[Manifest]) -> Vec<String> {
+    let mut found = Vec::new();
+    for m in manifests {
+        let rules = match m {
+            Manifest::ClusterRole(r) => r.rules.as_deref().unwrap_or_default(),
+            Manifest::Role(r) => r.rules.as_deref().unwrap_or_default(),
+            _ => continue,
+        };
+        for r in rules {
+            let fields: [(&str, &[String]); 4] = [
+                ("verbs", &r.verbs),
+                ("resources", r.resources.as_deref().unwrap_or_default()),
+                ("apiGroups", r.api_groups.as_deref().unwrap_or_default()),
+                (
+                    "resourceNames",
+                    r.resource_names.as_deref().unwrap_or_default(),
+                ),
+            ];
+            for (field, values) in fields {
+                if values.iter().any(|v| v.contains('*')) {
+                    found.push(format!("{}: {field} {values:?}", m.describe()));
+                }
+            }
+            if r.non_resource_urls.is_some() {
+                found.push(format!("{}: nonResourceURLs", m.describe()));
+            }
+        }
+        if let Manifest::ClusterRole(r) = m
+            && r.aggregation_rule.is_some()
+        {
+            found.push(format!("{}: aggregationRule", m.describe()));
+        }
+    }
+    found
+}
