@@ -230,9 +230,9 @@ mod tests {
         assert!(!yaml.contains("0123456789abcdefghijklmnopqrstuv"), "{yaml}");
         expect![[r#"
             apiVersion: v1
+            kind: Secret
             data:
               tokenHash: M2ViZDZjYTVjNzNhZjg0MTU3NzljN2JkMmM4YmM5MzhlZTI5MGQzYThjZjU5ZGQwZDkyNjNmZGVlMzBiZjQxNg==
-            kind: Secret
             metadata:
               annotations:
                 tether.dev/description: for west
