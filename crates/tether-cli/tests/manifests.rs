@@ -154,9 +154,8 @@ fn rendering_is_deterministic() {
 /// privileges (or of what consumers may do on a provider): review it as such.
 #[test]
 fn what_the_controller_and_tenants_may_do_and_nothing_more() {
-    expect_file!["snapshots/rbac.txt"].assert_eq(&manifests::rbac_listing(&manifests::render(
-        &options(),
-    )));
+    expect_file!["snapshots/rbac.txt"]
+        .assert_eq(&manifests::rbac_listing(&manifests::render(&options())));
 }
 
 #[test]
