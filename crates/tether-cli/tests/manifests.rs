@@ -163,7 +163,7 @@ fn no_role_has_a_wildcard() {
     let rendered = manifests::render(&options());
     assert_eq!(manifests::wildcards(&rendered), Vec::<String>::new());
     // The check itself finds wildcards.
-    let mut tampered = rendered.clone();
+    let mut tampered = rendered;
     for m in &mut tampered {
         if let Manifest::ClusterRole(r) = m
             && let Some(rule) = r.rules.as_mut().and_then(|rules| rules.first_mut())

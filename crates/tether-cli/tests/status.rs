@@ -1,0 +1,231 @@
+//! `tether status`: the rendering of fixture ForeignClusters (snapshots of the table, the
+//! failing-condition explanations and the JSON), and the command against a simkube cluster.
+
+mod support;
+
+use expect_test::expect;
+use k8s_openapi::jiff::Timestamp;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use support::Sim;
+use tether_api::core::ForeignCluster;
+use tether_cli::status::{self, LocalCluster};
+
+fn fixture(name: &str, created: &str, status: serde_json::Value) -> ForeignCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "core.tether.dev/v1alpha1",
+        "kind": "ForeignCluster",
+        "metadata": {"name": name, "creationTimestamp": created},
+        "spec": {"clusterID": name},
+        "status": status,
+    }))
+    .expect("fixture ForeignCluster")
+}
+
+fn condition(type_: &str, status: &str, reason: &str, message: &str) -> serde_json::Value {
+    serde_json::json!({"type": type_, "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": "2030-01-01T00:00:00Z"})
+}
+
+fn fixtures() -> Vec<ForeignCluster> {
+    vec![
+        fixture(
+            "south-3",
+            "2029-12-31T23:58:00Z",
+            serde_json::json!({"phase": "Failed", "role": "Unknown", "conditions": [
+                condition("Authentication", "False", "TokenRejected",
+                    "the provider rejected the token (expired); ask its admin for a new `tether generate peer-command`"),
+            ]}),
+        ),
+        fixture(
+            "east-1",
+            "2029-12-31T22:00:00Z",
+            serde_json::json!({"phase": "Established", "role": "Provider", "conditions": [
+                condition("Authentication", "True", "IdentityIssued", "identity valid until 2030-01-02T00:00:00Z"),
+                condition("Networking", "Unknown", "ModuleDisabled", "the networking module is off"),
+                condition("Offloading", "Unknown", "ModuleDisabled", "the offloading module is off"),
+                condition("APIServerReachable", "False", "Unreachable",
+                    "https://198.51.100.7:6443 did not answer within 10s; check the provider's API server address (--api-server-url on its install)"),
+            ]}),
+        ),
+        fixture("north-2", "2029-12-31T23:59:30Z", serde_json::json!({})),
+    ]
+}
+
+fn local() -> LocalCluster {
+    LocalCluster {
+        cluster_id: "west-1".to_owned(),
+        version: Some("v0.1.0".to_owned()),
+        image: Some("ghcr.io/tether-dev/tetherd:v0.1.0".to_owned()),
+        controller_ready: true,
+        controller: "1/1 replicas available, 1/1 updated".to_owned(),
+        auth_url: Some("https://198.51.100.9:443".to_owned()),
+        auth_fingerprint: Some("sha256:ab".to_owned()),
+    }
+}
+
+fn now() -> Timestamp {
+    "2030-01-01T00:00:00Z".parse().expect("ts")
+}
+
+#[test]
+fn the_table_lists_peers_and_explains_every_failing_condition() {
+    let report = status::report(local(), &fixtures(), now());
+    expect![[r#"
+        Cluster west-1 (Tether v0.1.0): controller ready (1/1 replicas available, 1/1 updated)
+        Authentication: https://198.51.100.9:443 (sha256:ab)
+
+        CLUSTER ID   ROLE       PHASE         AUTHENTICATION   NETWORKING   OFFLOADING   API SERVER   AGE
+        east-1       Provider   Established   True             Unknown      Unknown      False        120m
+        north-2      Unknown    -             -                -            -            -            30s
+        south-3      Unknown    Failed        False            -            -            -            2m
+
+        Failing conditions:
+          east-1: APIServerReachable: Unreachable: https://198.51.100.7:6443 did not answer within 10s; check the provider's API server address (--api-server-url on its install)
+          south-3: Authentication: TokenRejected: the provider rejected the token (expired); ask its admin for a new `tether generate peer-command`
+    "#]]
+    .assert_eq(&status::render_table(&report));
+}
+
+#[test]
+fn no_peers_and_an_unready_controller_say_so() {
+    let mut l = local();
+    l.controller_ready = false;
+    l.controller = "0/1 replicas available, 1/1 updated".to_owned();
+    l.auth_url = None;
+    expect![[r#"
+        Cluster west-1 (Tether v0.1.0): controller NOT ready (0/1 replicas available, 1/1 updated)
+        Authentication: not published yet by the controller
+
+        No peers. Peer with `tether peer` (see `tether peer --help`).
+    "#]]
+    .assert_eq(&status::render_table(&status::report(l, &[], now())));
+}
+
+#[test]
+fn the_json_form_carries_every_condition() {
+    let report = status::report(local(), &fixtures()[..1], now());
+    expect![[r#"
+        {
+          "cluster": {
+            "clusterID": "west-1",
+            "version": "v0.1.0",
+            "image": "ghcr.io/tether-dev/tetherd:v0.1.0",
+            "controllerReady": true,
+            "controller": "1/1 replicas available, 1/1 updated",
+            "authURL": "https://198.51.100.9:443",
+            "authFingerprint": "sha256:ab"
+          },
+          "peers": [
+            {
+              "clusterID": "south-3",
+              "role": "Unknown",
+              "phase": "Failed",
+              "authentication": "False",
+              "networking": "-",
+              "offloading": "-",
+              "apiServer": "-",
+              "created": "2029-12-31T23:58:00Z",
+              "age": "2m",
+              "conditions": [
+                {
+                  "type": "Authentication",
+                  "status": "False",
+                  "reason": "TokenRejected",
+                  "message": "the provider rejected the token (expired); ask its admin for a new `tether generate peer-command`"
+                }
+              ]
+            }
+          ]
+        }"#]]
+    .assert_eq(&serde_json::to_string_pretty(&report).expect("json"));
+}
+
+#[test]
+fn image_tags_and_digests_name_the_version() {
+    assert_eq!(
+        status::image_tag("ghcr.io/tether-dev/tetherd:v1.2.3"),
+        "v1.2.3"
+    );
+    assert_eq!(status::image_tag("localhost:5000/tetherd"), "latest");
+    assert_eq!(status::image_tag("r/t@sha256:abc"), "sha256:abc");
+}
+
+#[tokio::test]
+async fn status_reads_the_cluster_and_its_peers() {
+    let sim = Sim::start("status").await;
+    let client = sim.client();
+    sim.tether(&["status"])
+        .await
+        .assert_fails(4, &["not installed", "tether install"]);
+    sim.install("west-1").await;
+    sim.fake_controller_ready("west-1").await;
+    let api: Api<ForeignCluster> = Api::all(client.clone());
+    for fc in fixtures() {
+        let name = fc.metadata.name.clone().expect("name");
+        let mut fresh = fc.clone();
+        fresh.metadata.creation_timestamp = None;
+        fresh.status = None;
+        api.create(&PostParams::default(), &fresh)
+            .await
+            .expect("create");
+        if let Some(status) = fc.status {
+            let patch = serde_json::json!({"status": status});
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("status");
+        }
+    }
+    let run = sim.tether(&["status"]).await;
+    run.assert_code(0);
+    assert!(
+        run.stdout.starts_with("Cluster west-1 (Tether v"),
+        "{}",
+        run.stdout
+    );
+    assert!(run.stdout.contains("controller ready"), "{}", run.stdout);
+    assert!(
+        run.stdout
+            .contains("south-3: Authentication: TokenRejected"),
+        "{}",
+        run.stdout
+    );
+    let row = run
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("east-1"))
+        .expect("east-1 row");
+    assert_eq!(
+        row.split_whitespace().take(7).collect::<Vec<_>>(),
+        [
+            "east-1",
+            "Provider",
+            "Established",
+            "True",
+            "Unknown",
+            "Unknown",
+            "False"
+        ]
+    );
+    for format in ["json", "yaml"] {
+        let run = sim.tether(&["status", "-o", format]).await;
+        run.assert_code(0);
+        let v: serde_json::Value = if format == "json" {
+            serde_json::from_str(&run.stdout).expect("json")
+        } else {
+            serde_yaml::from_str(&run.stdout).expect("yaml")
+        };
+        assert_eq!(v["cluster"]["clusterID"], "west-1");
+        assert_eq!(v["peers"].as_array().map(Vec::len), Some(3));
+    }
+    let version = sim.tether(&["version"]).await;
+    version.assert_code(0);
+    assert!(
+        version.stdout.contains(&format!(
+            "controller image: ghcr.io/tether-dev/tetherd:v{}",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{}",
+        version.stdout
+    );
+}
