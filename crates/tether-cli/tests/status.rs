@@ -229,3 +229,31 @@ async fn status_reads_the_cluster_and_its_peers() {
         version.stdout
     );
 }
+
+#[tokio::test]
+async fn the_kubeconfig_comes_from_the_environment_and_the_context_flag_is_checked() {
+    let sim = Sim::start("status-env").await;
+    sim.install("env-1").await;
+    let home = tempfile::tempdir().expect("home");
+    let run = |args: &'static [&'static str]| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_tether"))
+            .args(args)
+            .env("KUBECONFIG", &sim.kubeconfig)
+            .env("HOME", home.path())
+            .output()
+    };
+    let out = run(&["status"]).await.expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Cluster env-1 "));
+    let out = run(&["--context", "nope", "status"]).await.expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("nope") && stderr.contains("--context"),
+        "{stderr}"
+    );
+}
