@@ -253,6 +253,9 @@ fn numbers_as_floats(v: &mut Value) {
 
 #[tokio::test]
 async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
+    if !support::kubectl_available() {
+        return;
+    }
     let via_kubectl = Sim::start("dry-kubectl").await;
     let via_install = Sim::start("dry-install").await;
     for format in ["yaml", "json"] {
