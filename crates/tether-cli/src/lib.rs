@@ -189,7 +189,7 @@ fn install_options(args: &InstallArgs, cluster_id: ClusterId) -> Result<InstallO
                 "--identity-lifetime {lifetime} is too short: identities live at least 10m"
             )));
         }
-        opts.identity_lifetime = Some(text::format_duration(d));
+        opts.identity_lifetime = Some(text::format_duration_one_unit(d));
     }
     Ok(opts)
 }

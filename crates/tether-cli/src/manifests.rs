@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
     ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::rbac::v1::{
-    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -24,6 +24,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use tether_api::ClusterId;
 use tether_api::names::{SYSTEM_NAMESPACE, labels, objects};
+use tether_api::rbac;
 
 /// The controller's admin port (`/metrics`, `/healthz`, `/readyz`).
 pub const ADMIN_PORT: i32 = 9090;
@@ -209,9 +210,12 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         ..Default::default()
     }));
     for (name, rules) in [
-        (objects::CONTROLLER, controller_cluster_rules()),
-        (objects::CONTROLLER_TENANT_ROLE, controller_tenant_rules()),
-        (objects::TENANT_ROLE, tenant_rules()),
+        (objects::CONTROLLER, rbac::controller_cluster_rules()),
+        (
+            objects::CONTROLLER_TENANT_ROLE,
+            rbac::controller_tenant_rules(),
+        ),
+        (objects::TENANT_ROLE, rbac::tenant_rules()),
     ] {
         out.push(Manifest::ClusterRole(ClusterRole {
             metadata: meta(name, None),
@@ -226,16 +230,11 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
     }));
     out.push(Manifest::Role(Role {
         metadata: meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE)),
-        rules: Some(controller_system_rules()),
+        rules: Some(rbac::controller_namespace_rules()),
     }));
     out.push(Manifest::Role(Role {
         metadata: meta(APISERVER_ROLE, Some("default")),
-        rules: Some(vec![rule_named(
-            "discovery.k8s.io",
-            &["endpointslices"],
-            &["get"],
-            &["kubernetes"],
-        )]),
+        rules: Some(rbac::controller_apiserver_rules()),
     }));
     for (name, namespace) in [
         (objects::CONTROLLER, SYSTEM_NAMESPACE),
@@ -309,175 +308,6 @@ fn controller_subject() -> Subject {
 
 fn strings(items: &[&str]) -> Vec<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
-}
-
-fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
-    PolicyRule {
-        api_groups: Some(vec![group.to_owned()]),
-        resources: Some(strings(resources)),
-        verbs: strings(verbs),
-        ..Default::default()
-    }
-}
-
-fn rule_named(group: &str, resources: &[&str], verbs: &[&str], names: &[&str]) -> PolicyRule {
-    PolicyRule {
-        resource_names: Some(strings(names)),
-        ..rule(group, resources, verbs)
-    }
-}
-
-/// Every verb but `*`.
-const ALL_VERBS: &[&str] = &[
-    "get", "list", "watch", "create", "update", "patch", "delete",
-];
-const READ: &[&str] = &["get", "list", "watch"];
-const STATUS_WRITE: &[&str] = &["get", "update", "patch"];
-
-/// The namespaced kinds of Tether's groups, which live in tenant namespaces.
-const TENANT_KINDS: &[(&str, &str)] = &[
-    ("authentication.tether.dev", "resourceslices"),
-    ("networking.tether.dev", "configurations"),
-    ("networking.tether.dev", "gatewayservers"),
-    ("networking.tether.dev", "gatewayclients"),
-    ("networking.tether.dev", "connections"),
-    ("offloading.tether.dev", "virtualnodes"),
-    ("offloading.tether.dev", "namespaceoffloadings"),
-    ("offloading.tether.dev", "shadowpods"),
-];
-
-/// What the controller does cluster-wide.
-fn controller_cluster_rules() -> Vec<PolicyRule> {
-    vec![
-        rule("core.tether.dev", &["foreignclusters"], ALL_VERBS),
-        rule("core.tether.dev", &["foreignclusters/status"], STATUS_WRITE),
-        rule(
-            "core.tether.dev",
-            &["foreignclusters/finalizers"],
-            &["update"],
-        ),
-        rule("authentication.tether.dev", &["tenants"], ALL_VERBS),
-        rule(
-            "authentication.tether.dev",
-            &["tenants/status"],
-            STATUS_WRITE,
-        ),
-        rule(
-            "authentication.tether.dev",
-            &["tenants/finalizers"],
-            &["update"],
-        ),
-        rule("authentication.tether.dev", &["resourceslices"], READ),
-        rule(
-            "",
-            &["namespaces"],
-            &["get", "list", "watch", "create", "delete"],
-        ),
-        rule("", &["nodes"], READ),
-        rule("rbac.authorization.k8s.io", &["rolebindings"], ALL_VERBS),
-        rule_named(
-            "rbac.authorization.k8s.io",
-            &["clusterroles"],
-            &["bind"],
-            &[objects::TENANT_ROLE, objects::CONTROLLER_TENANT_ROLE],
-        ),
-        rule(
-            "certificates.k8s.io",
-            &["certificatesigningrequests"],
-            &["get", "list", "watch", "create", "delete"],
-        ),
-        rule(
-            "certificates.k8s.io",
-            &["certificatesigningrequests/approval"],
-            &["update"],
-        ),
-        rule_named(
-            "certificates.k8s.io",
-            &["signers"],
-            &["approve"],
-            &["kubernetes.io/kube-apiserver-client"],
-        ),
-        rule("events.k8s.io", &["events"], &["create", "patch", "update"]),
-        rule("", &["events"], &["create", "patch", "update"]),
-    ]
-}
-
-/// What the controller does inside a tenant namespace (bound there by the controller).
-fn controller_tenant_rules() -> Vec<PolicyRule> {
-    let mut rules = vec![rule("", &["secrets"], ALL_VERBS)];
-    for group in groups_of(TENANT_KINDS) {
-        let kinds: Vec<&str> = kinds_in(TENANT_KINDS, group);
-        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
-        let finalizers: Vec<String> = kinds.iter().map(|k| format!("{k}/finalizers")).collect();
-        rules.push(rule(group, &kinds, ALL_VERBS));
-        rules.push(rule(
-            group,
-            &status.iter().map(String::as_str).collect::<Vec<_>>(),
-            STATUS_WRITE,
-        ));
-        rules.push(rule(
-            group,
-            &finalizers.iter().map(String::as_str).collect::<Vec<_>>(),
-            &["update"],
-        ));
-    }
-    rules
-}
-
-/// What a consumer's identity may do in its tenant namespace on the provider.
-fn tenant_rules() -> Vec<PolicyRule> {
-    let consumer_kinds: &[(&str, &str)] = &[
-        ("authentication.tether.dev", "resourceslices"),
-        ("offloading.tether.dev", "shadowpods"),
-        ("networking.tether.dev", "configurations"),
-        ("networking.tether.dev", "gatewayservers"),
-        ("networking.tether.dev", "gatewayclients"),
-        ("networking.tether.dev", "connections"),
-    ];
-    let mut rules = Vec::new();
-    for group in groups_of(consumer_kinds) {
-        let kinds = kinds_in(consumer_kinds, group);
-        let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
-        rules.push(rule(group, &kinds, ALL_VERBS));
-        rules.push(rule(
-            group,
-            &status.iter().map(String::as_str).collect::<Vec<_>>(),
-            &["get"],
-        ));
-    }
-    rules
-}
-
-/// What the controller does in `tether-system`.
-fn controller_system_rules() -> Vec<PolicyRule> {
-    vec![
-        rule("", &["secrets", "configmaps"], ALL_VERBS),
-        rule(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "list", "watch", "create", "update", "patch"],
-        ),
-        rule("", &["services"], READ),
-        rule("", &["pods"], &["get", "list"]),
-    ]
-}
-
-fn groups_of<'a>(kinds: &[(&'a str, &str)]) -> Vec<&'a str> {
-    let mut groups: Vec<&str> = Vec::new();
-    for (g, _) in kinds {
-        if !groups.contains(g) {
-            groups.push(g);
-        }
-    }
-    groups
-}
-
-fn kinds_in<'a>(kinds: &[(&str, &'a str)], group: &str) -> Vec<&'a str> {
-    kinds
-        .iter()
-        .filter(|(g, _)| *g == group)
-        .map(|(_, k)| *k)
-        .collect()
 }
 
 fn deployment(opts: &InstallOptions) -> Deployment {

@@ -137,6 +137,19 @@ pub fn format_duration(d: Duration) -> String {
     out
 }
 
+/// A duration as one number and the largest unit that divides it (`90m`, `24h`, `45s`): the
+/// form `tetherd`'s flags accept.
+pub fn format_duration_one_unit(d: Duration) -> String {
+    let s = d.as_secs();
+    if s > 0 && s.is_multiple_of(3600) {
+        format!("{}h", s / 3600)
+    } else if s > 0 && s.is_multiple_of(60) {
+        format!("{}m", s / 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use expect_test::expect;
@@ -217,6 +230,9 @@ mod tests {
         fn formatting_round_trips(secs in 0u64..10_000_000) {
             let d = Duration::from_secs(secs);
             prop_assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+            let one = format_duration_one_unit(d);
+            prop_assert_eq!(parse_duration(&one), Ok(d));
+            prop_assert_eq!(one.chars().filter(char::is_ascii_alphabetic).count(), 1);
         }
     }
 }

@@ -173,3 +173,53 @@ fn no_role_has_a_wildcard() {
     }
     assert_eq!(manifests::wildcards(&tampered).len(), 3);
 }
+
+/// The controller's arguments as `tetherd controller` parses them: the shared admin and log
+/// flags come from tether-runtime, and its durations are one number with one unit.
+#[test]
+fn the_controller_arguments_parse_with_the_daemons_flag_types() {
+    #[derive(clap::Parser)]
+    struct Shared {
+        #[command(flatten)]
+        admin: tether_runtime::AdminArgs,
+        #[command(flatten)]
+        log: tether_runtime::LogArgs,
+        #[arg(long)]
+        auth_listen: std::net::SocketAddr,
+        #[arg(long, value_parser = tether_runtime::parse_duration)]
+        identity_lifetime: Option<std::time::Duration>,
+        #[arg(long)]
+        api_server_url: Option<String>,
+        #[arg(long)]
+        auth_url: Option<String>,
+    }
+    let mut opts = options();
+    opts.identity_lifetime = Some(tether_cli::text::format_duration_one_unit(
+        tether_cli::text::parse_duration("1h30m").expect("duration"),
+    ));
+    opts.auth_url = Some("https://203.0.113.10:30443".to_owned());
+    let args = manifests::render(&opts)
+        .into_iter()
+        .find_map(|m| match m {
+            Manifest::Deployment(d) => d.spec?.template.spec?.containers[0].args.clone(),
+            _ => None,
+        })
+        .expect("args");
+    assert_eq!(args[0], "controller");
+    let parsed = <Shared as clap::Parser>::try_parse_from(
+        std::iter::once("tetherd-controller".to_owned()).chain(args[1..].iter().cloned()),
+    )
+    .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert_eq!(parsed.admin.admin_addr.port(), 9090);
+    assert_eq!(parsed.auth_listen.port(), 8443);
+    assert_eq!(
+        parsed.identity_lifetime,
+        Some(std::time::Duration::from_secs(5400))
+    );
+    assert_eq!(
+        parsed.auth_url.as_deref(),
+        Some("https://203.0.113.10:30443")
+    );
+    assert!(parsed.api_server_url.is_none());
+    let _ = parsed.log;
+}
