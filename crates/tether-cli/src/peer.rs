@@ -537,9 +537,6 @@ async fn write_and_wait(
         for line in summary.iter().filter(|l| !last.contains(l)) {
             progress.note(line);
         }
-        if let Some(first) = summary.first() {
-            progress.update(first.clone());
-        }
         last = summary;
         if authenticated(&fc) {
             progress.done(format!("peered with {provider_id}: Authentication True"));
