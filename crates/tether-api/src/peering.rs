@@ -140,10 +140,14 @@ pub fn token_secret_name(id: &str) -> String {
     format!("{TOKEN_SECRET_PREFIX}{id}")
 }
 
-/// The consumer-side Secret (in `tether-system`) holding the token for `provider`, named by
-/// the ForeignCluster's `spec.provider.tokenSecretRef`.
-pub fn consumer_token_secret_name(provider: &ClusterId) -> String {
-    format!("{CONSUMER_TOKEN_SECRET_PREFIX}{provider}")
+/// The consumer-side Secret (in `tether-system`) holding `token`, named by the
+/// ForeignCluster's `spec.provider.tokenSecretRef`. The name includes the token ID, so peering
+/// again with a new token changes the ForeignCluster's spec and the controller retries at once.
+pub fn consumer_token_secret_name(token: &PeeringToken) -> String {
+    format!(
+        "{CONSUMER_TOKEN_SECRET_PREFIX}{}-{}",
+        token.provider, token.id
+    )
 }
 
 /// `sha256:<hex>` of a DER certificate, as `--ca-fingerprint` expects it.
@@ -209,8 +213,8 @@ mod tests {
         assert!(!other.matches(&t.hash()));
         assert_eq!(t.secret_name(), format!("tether-token-{}", t.id()));
         assert_eq!(
-            consumer_token_secret_name(&provider()),
-            "tether-peering-token-prov-1"
+            consumer_token_secret_name(&t),
+            format!("tether-peering-token-prov-1-{}", t.id())
         );
     }
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use tether_api::ClusterId;
 use tether_api::authentication::Tenant;
 use tether_api::conditions::{self, types};
@@ -134,7 +134,12 @@ pub enum PeerOutcome {
 }
 
 /// The consumer-side ForeignCluster `tether peer` applies.
-pub fn foreign_cluster(provider: &ClusterId, auth_url: &str, fingerprint: &str) -> ForeignCluster {
+pub fn foreign_cluster(
+    provider: &ClusterId,
+    auth_url: &str,
+    fingerprint: &str,
+    token: &PeeringToken,
+) -> ForeignCluster {
     let mut fc = ForeignCluster::new(
         provider.as_str(),
         ForeignClusterSpec {
@@ -143,7 +148,7 @@ pub fn foreign_cluster(provider: &ClusterId, auth_url: &str, fingerprint: &str) 
                 auth_url: auth_url.to_owned(),
                 ca_fingerprint: fingerprint.to_owned(),
                 token_secret_ref: Some(LocalObjectRef {
-                    name: peering::consumer_token_secret_name(provider),
+                    name: peering::consumer_token_secret_name(token),
                 }),
             }),
             modules: Modules {
@@ -164,7 +169,7 @@ pub fn foreign_cluster(provider: &ClusterId, auth_url: &str, fingerprint: &str) 
 pub fn consumer_token_secret(provider: &ClusterId, token: &PeeringToken) -> Secret {
     Secret {
         metadata: ObjectMeta {
-            name: Some(peering::consumer_token_secret_name(provider)),
+            name: Some(peering::consumer_token_secret_name(token)),
             namespace: Some(SYSTEM_NAMESPACE.to_owned()),
             labels: Some(BTreeMap::from([
                 (
@@ -494,7 +499,7 @@ async fn write_and_wait(
     let secret = consumer_token_secret(provider_id, &token);
     let secrets: Api<Secret> = Api::namespaced(consumer.client.clone(), SYSTEM_NAMESPACE);
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    let secret_name = peering::consumer_token_secret_name(provider_id);
+    let secret_name = peering::consumer_token_secret_name(&token);
     cleanup.consumer_secret = Some(secret_name.clone());
     secrets
         .patch(&secret_name, &params, &Patch::Apply(&secret))
@@ -502,7 +507,7 @@ async fn write_and_wait(
         .map_err(Error::api(format!(
             "writing Secret {SYSTEM_NAMESPACE}/{secret_name}"
         )))?;
-    let fc = foreign_cluster(provider_id, auth_url, fingerprint);
+    let fc = foreign_cluster(provider_id, auth_url, fingerprint, &token);
     let fcs: Api<ForeignCluster> = Api::all(consumer.client.clone());
     if fc_is_new {
         cleanup.foreign_cluster = Some(provider_id.to_string());
@@ -632,11 +637,17 @@ pub async fn unpeer(
         wait_fc_gone(&consumer, &provider_id, deadline, force, progress).await?;
     }
     if force {
+        // Tokens kept for this provider (named after their token IDs) go with the peering.
         let secrets: Api<Secret> = Api::namespaced(consumer.client.clone(), SYSTEM_NAMESPACE);
         let _ = secrets
-            .delete(
-                &peering::consumer_token_secret_name(&provider_id),
+            .delete_collection(
                 &DeleteParams::default(),
+                &ListParams::default().labels(&format!(
+                    "{}={provider_id},{}={}",
+                    labels::REMOTE_CLUSTER_ID,
+                    labels::PART_OF,
+                    labels::MANAGED_BY_VALUE
+                )),
             )
             .await;
     }

@@ -415,10 +415,12 @@ async fn a_controller_that_does_not_publish_its_identity_points_at_the_load_bala
 
 async fn foreign_cluster(client: &kube::Client, name: &str, finalizer: bool) {
     let api: Api<ForeignCluster> = Api::all(client.clone());
+    let id = ClusterId::new(name).expect("id");
     let mut fc = tether_cli::peer::foreign_cluster(
-        &ClusterId::new(name).expect("id"),
+        &id,
         "https://198.51.100.7:443",
         &support::fingerprint_of(name),
+        &tether_api::peering::PeeringToken::generate(id.clone()),
     );
     if finalizer {
         fc.metadata.finalizers = Some(vec![tether_api::names::finalizers::PEERING.to_owned()]);

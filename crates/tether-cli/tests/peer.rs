@@ -199,7 +199,17 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
 
     let fcs: Api<ForeignCluster> = Api::all(consumer.client());
     let fc = fcs.get("east-1").await.expect("ForeignCluster east-1");
-    let spec = serde_json::to_value(&fc.spec).expect("json");
+    let mut spec = serde_json::to_value(&fc.spec).expect("json");
+    // The token Secret is named after the token's ID, so a new token changes the spec.
+    let token_secret = spec["provider"]["tokenSecretRef"]["name"]
+        .as_str()
+        .expect("tokenSecretRef")
+        .to_owned();
+    assert!(
+        token_secret.starts_with("tether-peering-token-east-1-"),
+        "{token_secret}"
+    );
+    spec["provider"]["tokenSecretRef"]["name"] = "<token secret>".into();
     assert_eq!(
         spec,
         serde_json::json!({
@@ -207,7 +217,7 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
             "provider": {
                 "authURL": "https://east-1.example:443",
                 "caFingerprint": fingerprint_of("east-1"),
-                "tokenSecretRef": {"name": "tether-peering-token-east-1"},
+                "tokenSecretRef": {"name": "<token secret>"},
             },
             "modules": {
                 "authentication": {"enabled": true},
@@ -217,12 +227,16 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
         })
     );
     let secret = Api::<Secret>::namespaced(consumer.client(), SYSTEM_NAMESPACE)
-        .get("tether-peering-token-east-1")
+        .get(&token_secret)
         .await
         .expect("token Secret");
     let token = String::from_utf8(secret.data.expect("data")["token"].0.clone()).expect("utf-8");
     let token = PeeringToken::parse(&token).expect("a full token");
     assert_eq!(token.provider().as_str(), "east-1");
+    assert_eq!(
+        token_secret,
+        format!("tether-peering-token-east-1-{}", token.id())
+    );
     // The short-lived provider token is gone once the peering is done.
     assert_eq!(secret_names(&provider.client()).await, Vec::<String>::new());
 
@@ -306,7 +320,12 @@ async fn unpeer_deletes_the_foreign_cluster_and_force_removes_the_local_side() {
     let east = ClusterId::new("east-1").expect("id");
     fcs.create(
         &PostParams::default(),
-        &tether_cli::peer::foreign_cluster(&east, "https://east-1.example:443", &fingerprint),
+        &tether_cli::peer::foreign_cluster(
+            &east,
+            "https://east-1.example:443",
+            &fingerprint,
+            &tether_api::peering::PeeringToken::generate(east.clone()),
+        ),
     )
     .await
     .expect("create");
@@ -342,8 +361,12 @@ async fn unpeer_deletes_the_foreign_cluster_and_force_removes_the_local_side() {
 
     // A finalizer nobody removes (the provider is unreachable): plain unpeer times out and
     // suggests --force; --force removes the local side only and says so.
-    let mut held =
-        tether_cli::peer::foreign_cluster(&east, "https://east-1.example:443", &fingerprint);
+    let mut held = tether_cli::peer::foreign_cluster(
+        &east,
+        "https://east-1.example:443",
+        &fingerprint,
+        &tether_api::peering::PeeringToken::generate(east.clone()),
+    );
     held.metadata.finalizers = Some(vec![tether_api::names::finalizers::PEERING.to_owned()]);
     fcs.create(&PostParams::default(), &held)
         .await
