@@ -39,7 +39,7 @@ use crate::conditions::{Condition, Time};
     ),
     printcolumn(
         name = "Expires",
-        type_ = "date",
+        type_ = "string",
         json_path = ".status.identityExpiresAt"
     ),
     printcolumn(

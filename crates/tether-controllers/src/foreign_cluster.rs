@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Namespace, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
@@ -254,6 +254,10 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         .map_err(Error::kube(format!("reading Tenant {remote}")))?
         .filter(|t| t.metadata.deletion_timestamp.is_none());
     let consuming = fc.spec.provider.is_some() && fc.spec.modules.authentication.enabled;
+    if fc.spec.provider.is_none() && tenant.is_none() && created_for_a_tenant(fc) {
+        // Shown only because the remote was a tenant, which it no longer is.
+        return delete_foreign_cluster(fctx, &remote).await;
+    }
     st.role = Some(status::role(consuming, tenant.is_some()));
     let outcome = if consuming {
         consumer_step(fc, fctx, &remote, &mut st).await?
@@ -297,6 +301,27 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
             .filter(|_| consuming),
     });
     finish(fc, fctx, st, outcome, generation).await
+}
+
+/// Whether the controller created this ForeignCluster to show a tenant (the provider side),
+/// rather than a user or `tether peer`.
+fn created_for_a_tenant(fc: &ForeignCluster) -> bool {
+    fc.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(tether_api::names::labels::MANAGED_BY))
+        .is_some_and(|v| v == tether_api::names::labels::MANAGED_BY_VALUE)
+}
+
+async fn delete_foreign_cluster(fctx: &FcCtx, remote: &ClusterId) -> Result<Action, Error> {
+    match Api::<ForeignCluster>::all(fctx.ctx.client.clone())
+        .delete(remote.as_str(), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(Action::await_change()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Action::await_change()),
+        Err(e) => Err(Error::kube(format!("deleting ForeignCluster {remote}"))(e)),
+    }
 }
 
 fn conditions_remove(st: &mut ForeignClusterStatus, type_: &str) {
@@ -410,16 +435,37 @@ fn kubeconfig_api(fctx: &FcCtx, remote: &ClusterId) -> Api<Secret> {
     Api::namespaced(fctx.ctx.client.clone(), &names::tenant_namespace(remote))
 }
 
+/// Whether the tenant namespace of `remote` is gone or terminating (then the controller's
+/// access to it, bound inside it, is gone too).
+async fn tenant_namespace_gone(fctx: &FcCtx, remote: &ClusterId) -> Result<bool, Error> {
+    let name = names::tenant_namespace(remote);
+    let ns = Api::<Namespace>::all(fctx.ctx.client.clone())
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("reading namespace {name}")))?;
+    Ok(ns.is_none_or(|n| n.metadata.deletion_timestamp.is_some()))
+}
+
 async fn stored_identity(
     fctx: &FcCtx,
     remote: &ClusterId,
 ) -> Result<Option<(Stored, String)>, Error> {
-    let secret = kubeconfig_api(fctx, remote)
+    let context = format!("reading the kubeconfig Secret for {remote}");
+    let secret = match kubeconfig_api(fctx, remote)
         .get_opt(objects::PROVIDER_KUBECONFIG_SECRET)
         .await
-        .map_err(Error::kube(format!(
-            "reading the kubeconfig Secret for {remote}"
-        )))?;
+    {
+        Ok(s) => s,
+        // The controller's access to a tenant namespace is bound inside it, so it ends when
+        // the namespace goes: a namespace that is gone or terminating holds no usable identity.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            if tenant_namespace_gone(fctx, remote).await? {
+                return Ok(None);
+            }
+            return Err(Error::kube(context)(kube::Error::Api(e)));
+        }
+        Err(e) => return Err(Error::kube(context)(e)),
+    };
     Ok(secret.and_then(|s| {
         let version = s.metadata.resource_version.clone().unwrap_or_default();
         Stored::from_secret(&s).map(|st| (st, version))
@@ -731,6 +777,8 @@ async fn forget_identity(fctx: &FcCtx, remote: &ClusterId) -> Result<(), Error> 
     {
         Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(kube::Error::Api(e))
+            if e.code == 403 && tenant_namespace_gone(fctx, remote).await? => {}
         Err(e) => return Err(Error::kube(format!("deleting the kubeconfig for {remote}"))(e)),
     }
     fctx.clients.forget(remote.as_str());
