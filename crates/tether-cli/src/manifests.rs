@@ -337,12 +337,14 @@ fn deployment(opts: &InstallOptions) -> Deployment {
         }),
         ..Default::default()
     };
-    let probe = |path: &str| Probe {
+    let probe = |path: &str, period: i32, failures: i32| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
             port: IntOrString::Int(ADMIN_PORT),
             ..Default::default()
         }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
         ..Default::default()
     };
     let container = Container {
@@ -379,8 +381,10 @@ fn deployment(opts: &InstallOptions) -> Deployment {
                 ..Default::default()
             },
         ]),
-        readiness_probe: Some(probe("/readyz")),
-        liveness_probe: Some(probe("/healthz")),
+        // Readiness is checked often so that install and rollouts see a ready controller within
+        // seconds; liveness is lenient, since a restart loses the reconcilers' caches.
+        readiness_probe: Some(probe("/readyz", 2, 3)),
+        liveness_probe: Some(probe("/healthz", 10, 6)),
         resources: Some(ResourceRequirements {
             requests: Some(BTreeMap::from([
                 ("cpu".to_owned(), Quantity("10m".to_owned())),
