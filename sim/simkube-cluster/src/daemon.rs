@@ -23,6 +23,8 @@ use crate::topology::{self};
 mod bootstrap;
 mod supervisor;
 
+pub(crate) use supervisor::STATUS_SUFFIX;
+
 use bootstrap::{bootstrap, start_dns};
 use supervisor::Supervisor;
 

@@ -38,6 +38,11 @@ pub fn is_root() -> bool {
     euid.as_deref() == Some("0")
 }
 
+/// The system programs of a cluster: `ip` for its network, and `nft` for its nodes' service
+/// proxies, checked before anything is created.
+pub const REQUIRED_TOOLS: &[tether_runtime::tools::Tool] =
+    &[tether_runtime::tools::IP, tether_runtime::tools::NFT];
+
 /// Network namespaces, veths and bridges need CAP_SYS_ADMIN and CAP_NET_ADMIN.
 pub(super) fn require_root() -> Result<(), Error> {
     if is_root() {

@@ -82,6 +82,8 @@ pub struct AgentConfig {
     /// How often ConfigMap, Secret, downward-API and token volumes are resynchronised
     /// (kubelet: about a minute).
     pub volume_sync_period: Duration,
+    /// Where the agent reports its service proxy's health ([`crate::status`]); `None`: nowhere.
+    pub status_file: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -109,6 +111,7 @@ impl AgentConfig {
             cluster_dns: Vec::new(),
             cluster_domain: "cluster.local".to_owned(),
             volume_sync_period: Duration::from_secs(60),
+            status_file: None,
         }
     }
 }
@@ -184,55 +187,9 @@ impl Agent {
     /// removes every sandbox and returns (the pods stay in the API, as with a stopped kubelet).
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         let ctx = self.ctx;
-        std::fs::create_dir_all(ctx.config.state_dir.join("pods")).map_err(|source| Error::Io {
-            action: format!("create {}", ctx.config.state_dir.display()),
-            source,
-        })?;
-        // Containers die with the agent (parent-death signal), so every sandbox found now is
-        // an orphan of a previous run; pods still bound here are started afresh.
-        let prefix = &ctx.config.netns_prefix;
-        for (netns, uid) in sandbox::list(prefix) {
-            tracing::info!(%netns, "removing the sandbox of a previous agent run");
-            sandbox::remove(&sandbox::names(prefix, &uid)).await?;
-        }
-        if ctx.config.enable_forwarding {
-            // Synchronous on purpose: /proc/sys/net belongs to the namespace of the thread that
-            // opens it, and this thread is in the node namespace.
-            std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| Error::Io {
-                action: "enable IPv4 forwarding in the node namespace".to_owned(),
-                source,
-            })?;
-        }
+        prepare_node(&ctx).await?;
         let kubelet_server = match ctx.config.kubelet_listen {
-            Some(addr) => {
-                let listener = tokio::net::TcpListener::bind(addr)
-                    .await
-                    .map_err(|source| Error::Io {
-                        action: format!("listen on {addr} for the kubelet endpoint"),
-                        source,
-                    })?;
-                let tls = kubelet::tls_config(ctx.node(), addr.ip())
-                    .map_err(|e| Error::Config(e.to_string()))?;
-                // Every part of the agent with metrics registers them here, for `/metrics`.
-                let mut registry = prometheus_client::registry::Registry::default();
-                ctx.metrics.register(&mut registry);
-                if let Some(proxy) = &ctx.config.proxy {
-                    proxy.stats.register(&mut registry);
-                }
-                let router = kubelet::router(kubelet::Endpoint {
-                    state_dir: ctx.config.state_dir.clone(),
-                    live: ctx.live_logs.clone(),
-                    containers: ctx.containers.clone(),
-                    metrics: ctx.metrics.clone(),
-                    registry: Arc::new(registry),
-                });
-                Some(tokio::spawn(kubelet::serve(
-                    listener,
-                    router,
-                    tls,
-                    shutdown.clone(),
-                )))
-            }
+            Some(addr) => Some(start_kubelet(&ctx, addr, &shutdown).await?),
             None => None,
         };
         node::register(&ctx).await?;
@@ -251,66 +208,13 @@ impl Agent {
                 shutdown.clone(),
             ))
         });
-
-        let pods: Api<Pod> = Api::all(ctx.client.clone());
-        let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node()));
-        let mut events = std::pin::pin!(watcher::watcher(pods, config).default_backoff());
-        let mut workers: HashMap<String, watch::Sender<PodMsg>> = HashMap::new();
-        let mut tasks = JoinSet::new();
-        let mut listed: Option<Vec<String>> = None;
-        loop {
-            let event = tokio::select! {
-                () = shutdown.cancelled() => break,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
-                event = events.next() => event,
-            };
-            let event = match event {
-                Some(Ok(event)) => event,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "pod watch failed; retrying");
-                    continue;
-                }
-                None => break,
-            };
-            match event {
-                Event::Init => listed = Some(Vec::new()),
-                Event::InitApply(pod) | Event::Apply(pod) => {
-                    let Some(uid) = pod.metadata.uid.clone() else {
-                        continue;
-                    };
-                    if let Some(seen) = listed.as_mut() {
-                        seen.push(uid.clone());
-                    }
-                    workers.retain(|_, tx| !tx.is_closed());
-                    match workers.get(&uid) {
-                        Some(tx) => {
-                            let _ = tx.send(PodMsg::Current(Arc::new(pod)));
-                        }
-                        None => {
-                            let (tx, rx) = watch::channel(PodMsg::Current(Arc::new(pod)));
-                            workers.insert(uid.clone(), tx);
-                            tasks.spawn(pod::pod_worker(ctx.clone(), uid, rx, shutdown.clone()));
-                        }
-                    }
-                }
-                Event::Delete(pod) => {
-                    if let Some(tx) = pod.metadata.uid.as_ref().and_then(|u| workers.get(u)) {
-                        let _ = tx.send(PodMsg::Gone);
-                    }
-                }
-                Event::InitDone => {
-                    if let Some(seen) = listed.take() {
-                        for (uid, tx) in &workers {
-                            if !seen.contains(uid) {
-                                let _ = tx.send(PodMsg::Gone);
-                            }
-                        }
-                    }
-                }
-            }
-        }
+        let reporter = ctx
+            .config
+            .status_file
+            .clone()
+            .map(|path| tokio::spawn(report_status(ctx.clone(), path, shutdown.clone())));
+        run_pods(&ctx, &shutdown).await;
         shutdown.cancel();
-        while tasks.join_next().await.is_some() {}
         let _ = heartbeat.await;
         // The proxy removes its table and routes before it ends.
         if let Some(proxy) = proxy {
@@ -320,10 +224,159 @@ impl Agent {
                 Err(error) => tracing::error!(%error, "service proxy task failed"),
             }
         }
+        if let Some(reporter) = reporter {
+            let _ = reporter.await;
+        }
         if let Some(server) = kubelet_server {
             let _ = server.await;
         }
         tracing::info!(node = %ctx.node(), "node agent stopped");
         Ok(())
     }
+}
+
+/// The state directory, no sandbox left from a previous run, and forwarding in the node.
+async fn prepare_node(ctx: &Ctx) -> Result<(), Error> {
+    std::fs::create_dir_all(ctx.config.state_dir.join("pods")).map_err(|source| Error::Io {
+        action: format!("create {}", ctx.config.state_dir.display()),
+        source,
+    })?;
+    // Containers die with the agent (parent-death signal), so every sandbox found now is
+    // an orphan of a previous run; pods still bound here are started afresh.
+    let prefix = &ctx.config.netns_prefix;
+    for (netns, uid) in sandbox::list(prefix) {
+        tracing::info!(%netns, "removing the sandbox of a previous agent run");
+        sandbox::remove(&sandbox::names(prefix, &uid)).await?;
+    }
+    if ctx.config.enable_forwarding {
+        // Synchronous on purpose: /proc/sys/net belongs to the namespace of the thread that
+        // opens it, and this thread is in the node namespace.
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| Error::Io {
+            action: "enable IPv4 forwarding in the node namespace".to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// Binds the kubelet endpoint on `addr` and serves it until `shutdown`.
+async fn start_kubelet(
+    ctx: &Ctx,
+    addr: std::net::SocketAddr,
+    shutdown: &CancellationToken,
+) -> Result<tokio::task::JoinHandle<()>, Error> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Io {
+            action: format!("listen on {addr} for the kubelet endpoint"),
+            source,
+        })?;
+    let tls =
+        kubelet::tls_config(ctx.node(), addr.ip()).map_err(|e| Error::Config(e.to_string()))?;
+    // Every part of the agent with metrics registers them here, for `/metrics`.
+    let mut registry = prometheus_client::registry::Registry::default();
+    ctx.metrics.register(&mut registry);
+    if let Some(proxy) = &ctx.config.proxy {
+        proxy.stats.register(&mut registry);
+    }
+    let router = kubelet::router(kubelet::Endpoint {
+        state_dir: ctx.config.state_dir.clone(),
+        live: ctx.live_logs.clone(),
+        containers: ctx.containers.clone(),
+        metrics: ctx.metrics.clone(),
+        registry: Arc::new(registry),
+    });
+    Ok(tokio::spawn(kubelet::serve(
+        listener,
+        router,
+        tls,
+        shutdown.clone(),
+    )))
+}
+
+/// Keeps the status file current with the proxy's health until `shutdown`.
+async fn report_status(ctx: Arc<Ctx>, path: std::path::PathBuf, shutdown: CancellationToken) {
+    let mut health = ctx.config.proxy.as_ref().map(|p| p.stats.watch_health());
+    loop {
+        let status = crate::status::AgentStatus {
+            proxy: health.as_mut().map(|h| h.borrow_and_update().clone()),
+            ..crate::status::AgentStatus::own()
+        };
+        if let Err(error) = crate::status::write(&path, &status) {
+            tracing::warn!(%error, path = %path.display(), "cannot write the status file");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = async {
+                match health.as_mut() {
+                    Some(h) => h.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            } => if !changed { return },
+        }
+    }
+}
+
+/// Watches the pods bound to this node and runs one worker per pod until `shutdown`; returns
+/// once every worker has stopped.
+async fn run_pods(ctx: &Arc<Ctx>, shutdown: &CancellationToken) {
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let config = watcher::Config::default().fields(&format!("spec.nodeName={}", ctx.node()));
+    let mut events = std::pin::pin!(watcher::watcher(pods, config).default_backoff());
+    let mut workers: HashMap<String, watch::Sender<PodMsg>> = HashMap::new();
+    let mut tasks = JoinSet::new();
+    let mut listed: Option<Vec<String>> = None;
+    loop {
+        let event = tokio::select! {
+            () = shutdown.cancelled() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            event = events.next() => event,
+        };
+        let event = match event {
+            Some(Ok(event)) => event,
+            Some(Err(error)) => {
+                tracing::warn!(%error, "pod watch failed; retrying");
+                continue;
+            }
+            None => break,
+        };
+        match event {
+            Event::Init => listed = Some(Vec::new()),
+            Event::InitApply(pod) | Event::Apply(pod) => {
+                let Some(uid) = pod.metadata.uid.clone() else {
+                    continue;
+                };
+                if let Some(seen) = listed.as_mut() {
+                    seen.push(uid.clone());
+                }
+                workers.retain(|_, tx| !tx.is_closed());
+                match workers.get(&uid) {
+                    Some(tx) => {
+                        let _ = tx.send(PodMsg::Current(Arc::new(pod)));
+                    }
+                    None => {
+                        let (tx, rx) = watch::channel(PodMsg::Current(Arc::new(pod)));
+                        workers.insert(uid.clone(), tx);
+                        tasks.spawn(pod::pod_worker(ctx.clone(), uid, rx, shutdown.clone()));
+                    }
+                }
+            }
+            Event::Delete(pod) => {
+                if let Some(tx) = pod.metadata.uid.as_ref().and_then(|u| workers.get(u)) {
+                    let _ = tx.send(PodMsg::Gone);
+                }
+            }
+            Event::InitDone => {
+                if let Some(seen) = listed.take() {
+                    for (uid, tx) in &workers {
+                        if !seen.contains(uid) {
+                            let _ = tx.send(PodMsg::Gone);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    shutdown.cancel();
+    while tasks.join_next().await.is_some() {}
 }

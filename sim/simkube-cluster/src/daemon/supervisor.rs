@@ -18,6 +18,9 @@ const RESTART_MAX: Duration = Duration::from_secs(60);
 /// An agent that ran this long before exiting restarts without back-off.
 const RESTART_RESET: Duration = Duration::from_secs(60);
 
+/// The agent's report (`simkube_node::status`) is `node-I.status.json`.
+pub(crate) const STATUS_SUFFIX: &str = ".status.json";
+
 /// Runs and restarts the agent of one node.
 pub(super) struct Supervisor {
     pub(super) exe: PathBuf,
@@ -71,7 +74,9 @@ impl Supervisor {
             .arg("--lease-duration")
             .arg(self.record.node_grace_seconds.to_string())
             .arg("--exit-with-parent")
-            .arg(std::process::id().to_string());
+            .arg(std::process::id().to_string())
+            .arg("--status-file")
+            .arg(self.file(STATUS_SUFFIX));
         for (image, program) in &self.record.images {
             command
                 .arg("--image")
@@ -139,6 +144,8 @@ impl Supervisor {
     }
 
     fn spawn(&self) -> Result<tokio::process::Child, Error> {
+        // A report of an earlier run must not pass for this one's.
+        let _ = std::fs::remove_file(self.file(STATUS_SUFFIX));
         let (log, log_err) = open_log(&self.file(".log"))?;
         let child = self
             .command()

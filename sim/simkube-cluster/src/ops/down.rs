@@ -81,6 +81,7 @@ fn teardown(
 pub fn down(state_dir: &Path, name: &str, progress: &mut dyn FnMut(&str)) -> Result<bool, Error> {
     topology::validate_name(name)?;
     require_root()?;
+    tether_runtime::tools::require("simkube cluster down", &[tether_runtime::tools::IP])?;
     let state = StateDir::new(state_dir);
     let _lock = state.lock()?;
     let Some(record) = state.read_record(name)? else {

@@ -95,6 +95,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
         }
     }
     require_root()?;
+    tether_runtime::tools::require("simkube cluster up", super::REQUIRED_TOOLS)?;
     let state = StateDir::new(&options.state_dir);
     let lock = state.lock()?;
     clean_previous(&state, &options.name, progress)?;

@@ -16,6 +16,7 @@ pub mod plan;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::model::{NodeInfo, ServiceInfo, SliceInfo};
@@ -123,9 +125,26 @@ impl ProxyConfig {
     }
 }
 
+/// Whether the proxy's rules and routes are in place, for the agent's supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum ProxyHealth {
+    /// Waiting for the first lists of Services, EndpointSlices and Nodes.
+    Starting,
+    /// The last apply of rules and routes succeeded.
+    Ready,
+    /// The last `failures` applies in a row failed; `error` is the latest reason.
+    Failing {
+        /// Failed attempts in a row.
+        failures: u32,
+        /// Why the latest one failed.
+        error: String,
+    },
+}
+
 /// The proxy's counters and gauges, shared by clones (register them once with
-/// [`ProxyStats::register`]).
-#[derive(Debug, Clone, Default)]
+/// [`ProxyStats::register`]), and its health.
+#[derive(Debug, Clone)]
 pub struct ProxyStats {
     applies: Counter,
     apply_failures: Counter,
@@ -137,9 +156,46 @@ pub struct ProxyStats {
     endpoints: Gauge,
     routes: Gauge,
     last_apply_seconds: Gauge<f64, AtomicU64>,
+    health: Arc<watch::Sender<ProxyHealth>>,
+}
+
+impl Default for ProxyStats {
+    fn default() -> Self {
+        Self {
+            applies: Counter::default(),
+            apply_failures: Counter::default(),
+            table_restores: Counter::default(),
+            route_changes: Counter::default(),
+            route_failures: Counter::default(),
+            conntrack_cleared: Counter::default(),
+            service_ports: Gauge::default(),
+            endpoints: Gauge::default(),
+            routes: Gauge::default(),
+            last_apply_seconds: Gauge::default(),
+            health: Arc::new(watch::channel(ProxyHealth::Starting).0),
+        }
+    }
 }
 
 impl ProxyStats {
+    /// The proxy's health now.
+    pub fn health(&self) -> ProxyHealth {
+        self.health.borrow().clone()
+    }
+
+    /// Follows the proxy's health as it changes.
+    pub fn watch_health(&self) -> watch::Receiver<ProxyHealth> {
+        self.health.subscribe()
+    }
+
+    fn set_health(&self, health: ProxyHealth) {
+        self.health.send_if_modified(|current| {
+            let changed = *current != health;
+            *current = health;
+            changed
+        });
+    }
+
     /// Successful `nft -f` applies.
     pub fn applies(&self) -> u64 {
         self.applies.get()
@@ -302,6 +358,8 @@ struct State {
     warnings: BTreeSet<String>,
     /// The route planner's warnings, logged when they first appear.
     route_warnings: BTreeSet<String>,
+    /// Why the latest apply of rules or routes failed, for [`ProxyHealth::Failing`].
+    last_error: Option<String>,
 }
 
 impl State {
@@ -373,6 +431,7 @@ impl State {
             Err(error) => {
                 stats.apply_failures.inc();
                 tracing::error!(%error, table = %self.config.table, "cannot apply service proxy rules");
+                self.last_error = Some(format!("applying its nftables rules: {error}"));
                 self.applied = None;
                 false
             }
@@ -405,6 +464,7 @@ impl State {
             Err(error) => {
                 stats.route_failures.inc();
                 tracing::warn!(%error, "cannot list pod routes");
+                self.last_error = Some(format!("listing its pod routes: {error}"));
                 return false;
             }
         };
@@ -424,6 +484,7 @@ impl State {
                     ok = false;
                     stats.route_failures.inc();
                     tracing::warn!(%error, "cannot remove pod route");
+                    self.last_error = Some(format!("removing a pod route: {error}"));
                 }
             }
         }
@@ -449,6 +510,7 @@ impl State {
                     ok = false;
                     stats.route_failures.inc();
                     tracing::warn!(%error, "cannot set pod route");
+                    self.last_error = Some(format!("setting a pod route: {error}"));
                 }
             }
         }
@@ -510,6 +572,7 @@ impl State {
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot check the service proxy table");
+                self.last_error = Some(format!("checking its nftables table: {error}"));
                 false
             }
         }
@@ -571,6 +634,7 @@ pub async fn run(
         udp_frontends: BTreeSet::new(),
         warnings: BTreeSet::new(),
         route_warnings: BTreeSet::new(),
+        last_error: None,
     };
     let debounce = state.config.debounce;
     let mut listed = [false; 3];
@@ -605,9 +669,12 @@ pub async fn run(
                     let routes = state.sync_routes().await;
                     if rules && routes {
                         failures = 0;
+                        state.config.stats.set_health(ProxyHealth::Ready);
                     } else {
                         due = Some(tokio::time::Instant::now() + retry(failures));
                         failures = failures.saturating_add(1);
+                        let error = state.last_error.take().unwrap_or_default();
+                        state.config.stats.set_health(ProxyHealth::Failing { failures, error });
                     }
                 }
             }
