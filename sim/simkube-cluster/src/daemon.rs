@@ -109,6 +109,51 @@ async fn serve(
     )
     .map_err(Error::io("serving /metrics"))?;
     let dns = start_dns(client.clone(), &plan, dns_metrics, shutdown.clone()).await?;
+    write_kubeconfigs(&state, &record, &cluster, host_port)?;
+    let exe = std::env::current_exe().map_err(Error::io("locating the simkube executable"))?;
+    let mut agents = Vec::new();
+    for node in plan.node_plans() {
+        let supervisor = Supervisor {
+            exe: exe.clone(),
+            state: state.clone(),
+            record: record.clone(),
+            node,
+            metrics: agent_metrics.clone(),
+        };
+        agents.push(tokio::spawn(supervisor.run(shutdown.clone())));
+    }
+    state.write_daemon(
+        &record.name,
+        &DaemonRecord {
+            pid: std::process::id(),
+            host_port,
+            metrics_port: Some(metrics_port),
+        },
+    )?;
+    wait_for_signal().await?;
+    tracing::info!("stopping: node agents first");
+    shutdown.cancel();
+    for agent in agents {
+        let _ = agent.await;
+    }
+    if let Ok(Err(error)) = dns.await {
+        tracing::warn!(%error, "the DNS server ended with an error");
+    }
+    let _ = metrics.await;
+    cluster.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// The admin kubeconfig (server on 127.0.0.1 in the host namespace) and one client
+/// certificate kubeconfig per node (`system:node:<name>`).
+fn write_kubeconfigs(
+    state: &StateDir,
+    record: &ClusterRecord,
+    cluster: &simkube::Cluster,
+    host_port: u16,
+) -> Result<(), Error> {
+    let plan = record.plan();
     let ca_pem = cluster
         .ca_pem()
         .expect("invariant: the daemon's cluster serves TLS");
@@ -144,38 +189,6 @@ async fn serve(
             0o600,
         )?;
     }
-    let exe = std::env::current_exe().map_err(Error::io("locating the simkube executable"))?;
-    let mut agents = Vec::new();
-    for node in plan.node_plans() {
-        let supervisor = Supervisor {
-            exe: exe.clone(),
-            state: state.clone(),
-            record: record.clone(),
-            node,
-            metrics: agent_metrics.clone(),
-        };
-        agents.push(tokio::spawn(supervisor.run(shutdown.clone())));
-    }
-    state.write_daemon(
-        &record.name,
-        &DaemonRecord {
-            pid: std::process::id(),
-            host_port,
-            metrics_port: Some(metrics_port),
-        },
-    )?;
-    wait_for_signal().await?;
-    tracing::info!("stopping: node agents first");
-    shutdown.cancel();
-    for agent in agents {
-        let _ = agent.await;
-    }
-    if let Ok(Err(error)) = dns.await {
-        tracing::warn!(%error, "the DNS server ended with an error");
-    }
-    let _ = metrics.await;
-    cluster.shutdown().await;
-    tracing::info!("stopped");
     Ok(())
 }
 

@@ -20,7 +20,7 @@ use crate::metrics::RestartReason;
 use crate::pod_status::{ContainerPhase, ContainerRecord, Termination};
 use crate::pod_volumes::PodVolumes;
 use crate::prober::{ContainerProber, EventRecorder, EventType, ProbeTarget, Step as ProbeStep};
-use crate::process::{ContainerProcess, Launch, Mount};
+use crate::process::{ContainerProcess, Exit, Launch, Mount};
 
 use super::Ctx;
 use super::pod::pod_key;
@@ -156,6 +156,16 @@ impl Supervisor {
     }
 }
 
+/// How one run of a container ended.
+enum RunEnd {
+    /// It exited, or its probe killed it, or it never started (`Err`).
+    Exited(std::io::Result<Exit>),
+    /// The pod stopped it: the supervisor ends.
+    Stopped,
+}
+
+/// Runs a container for the life of its pod: prepares and starts it, follows it, and restarts
+/// it as the pod's restart policy says, with the kubelet's back-off.
 pub(super) async fn supervise(s: Supervisor) {
     let policy = s
         .pod
@@ -194,107 +204,17 @@ pub(super) async fn supervise(s: Supervisor) {
             s.container.name,
             record.restart_count
         );
-        let working_dir = PathBuf::from(s.container.working_dir.as_deref().unwrap_or("/"));
         let started_at = Timestamp::now();
         let started = Instant::now();
-        let log = s.log_path(record.restart_count);
-        let spawned = log
-            .as_ref()
-            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
-            .and_then(|log| {
-                s.ctx.live_logs.insert(log.clone());
-                ContainerProcess::spawn(&Launch {
-                    argv: &argv,
-                    env: &vars,
-                    working_dir: &working_dir,
-                    netns: &s.netns,
-                    log,
-                    mounts: &mounts,
-                })
-            });
-        let live = log.ok().map(|path| LiveGuard {
-            logs: s.ctx.live_logs.clone(),
-            path,
-        });
         record.container_id = Some(container_id.clone());
-        let exit = match spawned {
-            Ok(mut process) => {
-                tracing::info!(container = %key, pid = process.pid(), "container started");
-                let _running = s.ctx.metrics.container_running();
-                let registered = ContainerKey::new(
-                    s.pod.metadata.namespace.as_deref().unwrap_or_default(),
-                    s.pod.metadata.name.as_deref().unwrap_or_default(),
-                    &s.container.name,
-                );
-                let running = RunningContainer {
-                    pod_uid: s.pod.metadata.uid.clone().unwrap_or_default(),
-                    pid: process.pid(),
-                    netns: s.netns.clone(),
-                    env: vars.clone(),
-                    working_dir: working_dir.clone(),
-                };
-                s.ctx.containers.insert(registered.clone(), running.clone());
-                let _registration = Registration {
-                    containers: s.ctx.containers.clone(),
-                    key: registered,
-                    pid: process.pid(),
-                };
-                record.phase = ContainerPhase::Running { started_at };
-                // Init containers are not probed (as the kubelet, sidecars aside); each run of a
-                // regular container gets fresh probes.
-                let mut prober = matches!(s.slot, Slot::Main(_)).then(|| {
-                    let target = ProbeTarget {
-                        pod_ip: s.pod_ip,
-                        container: s.container.clone(),
-                        running,
-                    };
-                    ContainerProber::new(s.pod.clone(), target, kubelet_events.clone())
-                });
-                record.startup_passed = prober.as_ref().is_none_or(ContainerProber::started);
-                record.readiness_passed = prober.as_ref().is_none_or(ContainerProber::ready);
-                s.send(&record).await;
-                loop {
-                    tokio::select! {
-                        exit = process.wait() => break exit,
-                        () = s.stop.cancelled() => {
-                            let grace = *s.grace.borrow();
-                            let exit = process.stop(grace).await;
-                            tracing::info!(container = %key, ?exit, "container stopped");
-                            return;
-                        }
-                        step = async {
-                            match prober.as_mut() {
-                                Some(prober) => prober.next().await,
-                                None => std::future::pending().await,
-                            }
-                        } => match step {
-                            ProbeStep::Status { started, ready } => {
-                                record.startup_passed = started;
-                                record.readiness_passed = ready;
-                                s.send(&record).await;
-                            }
-                            ProbeStep::Kill { grace, kind } => {
-                                record.readiness_passed = false;
-                                s.send(&record).await;
-                                let exit = process.stop(grace).await;
-                                tracing::info!(
-                                    container = %key,
-                                    ?exit,
-                                    probe = kind.lower(),
-                                    "container killed by its probe"
-                                );
-                                break exit;
-                            }
-                        },
-                    }
-                }
-            }
-            Err(error) => {
-                tracing::warn!(container = %key, %error, program = %argv[0], "cannot start container");
-                Err(error)
-            }
+        let launch = (argv.as_slice(), vars.as_slice(), mounts.as_slice());
+        let exit = match s
+            .run_once(&key, launch, started_at, &mut record, &kubelet_events)
+            .await
+        {
+            RunEnd::Exited(exit) => exit,
+            RunEnd::Stopped => return,
         };
-        drop(live);
         let (code, signal, reason) = match exit {
             Ok(e) if e.code == 0 => (0, None, "Completed"),
             Ok(e) => (e.code, e.signal, "Error"),
@@ -327,38 +247,7 @@ pub(super) async fn supervise(s: Supervisor) {
         }
         crashes = backoff.next_crash_count(crashes, started.elapsed());
         let delay = backoff.delay(crashes);
-        record.last_termination = Some(termination);
-        record.phase = ContainerPhase::Waiting {
-            reason: "CrashLoopBackOff".to_owned(),
-            message: Some(format!(
-                "back-off {} restarting failed container={} pod={}",
-                format_delay(delay),
-                s.container.name,
-                s.pod.metadata.name.as_deref().unwrap_or_default()
-            )),
-        };
-        s.send(&record).await;
-        // The kubelet's warning for a crash loop, counted per container like its others.
-        let field_path = match s.slot {
-            Slot::Init(_) => format!("spec.initContainers{{{}}}", s.container.name),
-            Slot::Main(_) => format!("spec.containers{{{}}}", s.container.name),
-        };
-        let meta = &s.pod.metadata;
-        let message = format!(
-            "Back-off restarting failed container {} in pod {}_{}({})",
-            s.container.name,
-            meta.name.as_deref().unwrap_or_default(),
-            meta.namespace.as_deref().unwrap_or_default(),
-            meta.uid.as_deref().unwrap_or_default()
-        );
-        kubelet_events
-            .record(
-                &s.pod,
-                Some(field_path),
-                EventType::Warning,
-                "BackOff",
-                &message,
-            )
+        s.back_off(&mut record, termination, delay, &kubelet_events)
             .await;
         if s.pause(delay).await {
             return;
@@ -369,6 +258,178 @@ pub(super) async fn supervise(s: Supervisor) {
             _ => RestartReason::StartError,
         });
         record.restart_count += 1;
+    }
+}
+
+impl Supervisor {
+    /// Starts one run of the container and follows it until it ends.
+    async fn run_once(
+        &self,
+        key: &str,
+        (argv, vars, mounts): (&[String], &[(String, String)], &[Mount]),
+        started_at: Timestamp,
+        record: &mut ContainerRecord,
+        events: &EventRecorder,
+    ) -> RunEnd {
+        let working_dir = PathBuf::from(self.container.working_dir.as_deref().unwrap_or("/"));
+        let log = self.log_path(record.restart_count);
+        let spawned = log
+            .as_ref()
+            .map_err(|e| std::io::Error::new(e.kind(), e.to_string()))
+            .and_then(|log| {
+                self.ctx.live_logs.insert(log.clone());
+                ContainerProcess::spawn(&Launch {
+                    argv,
+                    env: vars,
+                    working_dir: &working_dir,
+                    netns: &self.netns,
+                    log,
+                    mounts,
+                })
+            });
+        // The log stays live for `kubectl logs -f` until the run ends, however it ends.
+        let _live = log.ok().map(|path| LiveGuard {
+            logs: self.ctx.live_logs.clone(),
+            path,
+        });
+        match spawned {
+            Ok(process) => {
+                let running = RunningContainer {
+                    pod_uid: self.pod.metadata.uid.clone().unwrap_or_default(),
+                    pid: process.pid(),
+                    netns: self.netns.clone(),
+                    env: vars.to_vec(),
+                    working_dir,
+                };
+                self.follow(key, process, running, started_at, record, events)
+                    .await
+            }
+            Err(error) => {
+                tracing::warn!(container = %key, %error, program = %argv[0], "cannot start container");
+                RunEnd::Exited(Err(error))
+            }
+        }
+    }
+
+    /// Registers a running container for exec and probes, runs its prober, and waits until it
+    /// exits, its probe kills it, or the pod stops it.
+    async fn follow(
+        &self,
+        key: &str,
+        mut process: ContainerProcess,
+        running: RunningContainer,
+        started_at: Timestamp,
+        record: &mut ContainerRecord,
+        events: &EventRecorder,
+    ) -> RunEnd {
+        tracing::info!(container = %key, pid = process.pid(), "container started");
+        let _running = self.ctx.metrics.container_running();
+        let registered = ContainerKey::new(
+            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            self.pod.metadata.name.as_deref().unwrap_or_default(),
+            &self.container.name,
+        );
+        self.ctx
+            .containers
+            .insert(registered.clone(), running.clone());
+        let _registration = Registration {
+            containers: self.ctx.containers.clone(),
+            key: registered,
+            pid: process.pid(),
+        };
+        record.phase = ContainerPhase::Running { started_at };
+        // Init containers are not probed (as the kubelet, sidecars aside); each run of a
+        // regular container gets fresh probes.
+        let mut prober = matches!(self.slot, Slot::Main(_)).then(|| {
+            let target = ProbeTarget {
+                pod_ip: self.pod_ip,
+                container: self.container.clone(),
+                running,
+            };
+            ContainerProber::new(self.pod.clone(), target, events.clone())
+        });
+        record.startup_passed = prober.as_ref().is_none_or(ContainerProber::started);
+        record.readiness_passed = prober.as_ref().is_none_or(ContainerProber::ready);
+        self.send(record).await;
+        loop {
+            tokio::select! {
+                exit = process.wait() => return RunEnd::Exited(exit),
+                () = self.stop.cancelled() => {
+                    let grace = *self.grace.borrow();
+                    let exit = process.stop(grace).await;
+                    tracing::info!(container = %key, ?exit, "container stopped");
+                    return RunEnd::Stopped;
+                }
+                step = async {
+                    match prober.as_mut() {
+                        Some(prober) => prober.next().await,
+                        None => std::future::pending().await,
+                    }
+                } => match step {
+                    ProbeStep::Status { started, ready } => {
+                        record.startup_passed = started;
+                        record.readiness_passed = ready;
+                        self.send(record).await;
+                    }
+                    ProbeStep::Kill { grace, kind } => {
+                        record.readiness_passed = false;
+                        self.send(record).await;
+                        let exit = process.stop(grace).await;
+                        tracing::info!(
+                            container = %key,
+                            ?exit,
+                            probe = kind.lower(),
+                            "container killed by its probe"
+                        );
+                        return RunEnd::Exited(exit);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Reports the crash loop: the container waits `delay` in CrashLoopBackOff, with the
+    /// kubelet's BackOff warning event.
+    async fn back_off(
+        &self,
+        record: &mut ContainerRecord,
+        termination: Termination,
+        delay: Duration,
+        events: &EventRecorder,
+    ) {
+        record.last_termination = Some(termination);
+        record.phase = ContainerPhase::Waiting {
+            reason: "CrashLoopBackOff".to_owned(),
+            message: Some(format!(
+                "back-off {} restarting failed container={} pod={}",
+                format_delay(delay),
+                self.container.name,
+                self.pod.metadata.name.as_deref().unwrap_or_default()
+            )),
+        };
+        self.send(record).await;
+        // The kubelet's warning for a crash loop, counted per container like its others.
+        let field_path = match self.slot {
+            Slot::Init(_) => format!("spec.initContainers{{{}}}", self.container.name),
+            Slot::Main(_) => format!("spec.containers{{{}}}", self.container.name),
+        };
+        let meta = &self.pod.metadata;
+        let message = format!(
+            "Back-off restarting failed container {} in pod {}_{}({})",
+            self.container.name,
+            meta.name.as_deref().unwrap_or_default(),
+            meta.namespace.as_deref().unwrap_or_default(),
+            meta.uid.as_deref().unwrap_or_default()
+        );
+        events
+            .record(
+                &self.pod,
+                Some(field_path),
+                EventType::Warning,
+                "BackOff",
+                &message,
+            )
+            .await;
     }
 }
 

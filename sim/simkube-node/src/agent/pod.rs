@@ -133,40 +133,15 @@ async fn run_pod(
     shutdown: &CancellationToken,
 ) -> Ending {
     let key = pod_key(pod);
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
     // The sandbox first: containers need the namespace, and the env needs the pod IP.
-    let (pod_ip, netns) = if host_network {
-        // Host-network pods share the node's namespace, which is the agent's own.
-        (ctx.config.identity.internal_ip, PathBuf::from(OWN_NETNS))
-    } else {
-        match create_sandbox(ctx, uid, &key, names, rx, reporter, shutdown).await {
-            Ok(ip) => (IpAddr::V4(ip), names.netns_path()),
-            Err(end) => return end,
-        }
+    let (pod_ip, netns) = match network(ctx, uid, pod, names, rx, reporter, shutdown).await {
+        Ok(network) => network,
+        Err(end) => return end,
     };
     tracing::info!(pod = %key, %pod_ip, netns = %netns.display(), "sandbox ready");
     reporter.record.pod_ip = Some(pod_ip);
     reporter.report().await;
-    let volumes = Arc::new(PodVolumes::new(
-        ctx.client.clone(),
-        VolumeSettings {
-            sync_period: ctx.config.volume_sync_period,
-            cluster_dns: ctx.config.cluster_dns.clone(),
-            cluster_domain: ctx.config.cluster_domain.clone(),
-            node: NodeResources {
-                cpu: ctx.config.identity.cpu.clone(),
-                memory: ctx.config.identity.memory.clone(),
-            },
-        },
-        pod.clone(),
-        log_dir(&ctx.config.state_dir, pod),
-        pod_ip,
-        ctx.node(),
-    ));
+    let volumes = Arc::new(pod_volumes(ctx, pod, pod_ip));
 
     let spec = pod.spec.clone().unwrap_or_default();
     let inits = spec.init_containers.unwrap_or_default();
@@ -243,6 +218,51 @@ async fn run_pod(
     stop.cancel();
     while supervisors.join_next().await.is_some() {}
     ending
+}
+
+/// The pod's address and network namespace: the node's own for host-network pods, else a new
+/// sandbox.
+async fn network(
+    ctx: &Arc<Ctx>,
+    uid: &str,
+    pod: &Pod,
+    names: &SandboxNames,
+    rx: &mut watch::Receiver<PodMsg>,
+    reporter: &mut Reporter,
+    shutdown: &CancellationToken,
+) -> Result<(IpAddr, PathBuf), Ending> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    if host_network {
+        // Host-network pods share the node's namespace, which is the agent's own.
+        return Ok((ctx.config.identity.internal_ip, PathBuf::from(OWN_NETNS)));
+    }
+    let key = pod_key(pod);
+    let ip = create_sandbox(ctx, uid, &key, names, rx, reporter, shutdown).await?;
+    Ok((IpAddr::V4(ip), names.netns_path()))
+}
+
+/// The pod's volumes, kept under its log directory.
+fn pod_volumes(ctx: &Ctx, pod: &Arc<Pod>, pod_ip: IpAddr) -> PodVolumes {
+    PodVolumes::new(
+        ctx.client.clone(),
+        VolumeSettings {
+            sync_period: ctx.config.volume_sync_period,
+            cluster_dns: ctx.config.cluster_dns.clone(),
+            cluster_domain: ctx.config.cluster_domain.clone(),
+            node: NodeResources {
+                cpu: ctx.config.identity.cpu.clone(),
+                memory: ctx.config.identity.memory.clone(),
+            },
+        },
+        pod.clone(),
+        log_dir(&ctx.config.state_dir, pod),
+        pod_ip,
+        ctx.node(),
+    )
 }
 
 /// Allocates the pod's address and creates its sandbox, retrying until it works or the pod
