@@ -124,3 +124,43 @@ fn take_dns_port(underlay: &str) -> std::net::UdpSocket {
     .join()
     .expect("the thread")
 }
+
+#[test]
+fn a_node_agent_without_nft_stops_at_once_and_reports_why_in_its_status_file() {
+    if !tether_testkit::require_tools_or_skip(&["unshare", "mount"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let status = dir.path().join("status.json");
+    let hidden = HiddenTool::new("nft", Stand::Missing).expect("stand-in");
+    let output = hidden
+        .command(SIMKUBE)
+        .args([
+            "node",
+            "--kubeconfig",
+            "/nonexistent/kubeconfig",
+            "--name",
+            "n1",
+        ])
+        .args([
+            "--pod-cidr",
+            "10.244.1.0/24",
+            "--internal-ip",
+            "198.18.250.11",
+        ])
+        .args(["--cluster-cidr", "10.244.0.0/16", "--status-file"])
+        .arg(&status)
+        .output()
+        .expect("simkube node runs");
+    let stderr = stderr(&output);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the node agent needs `nft`") && stderr.contains("nftables"),
+        "{stderr}"
+    );
+    let report = simkube_node::status::read(&status)
+        .expect("readable")
+        .expect("the agent wrote its status");
+    let fatal = report.fatal.expect("the reason");
+    assert!(fatal.contains("needs `nft`"), "{fatal}");
+}
