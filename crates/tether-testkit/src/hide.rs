@@ -6,7 +6,7 @@
 //! ```no_run
 //! use tether_testkit::{HiddenTool, Stand};
 //!
-//! # fn main() -> tether_testkit::Result<()> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let hidden = HiddenTool::new("nft", Stand::Missing)?;
 //! let output = hidden.command("nft").arg("--version").output()?;
 //! assert!(!output.status.success());
