@@ -726,22 +726,22 @@ async fn run_command(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| failed(e.to_string()))?;
+    // A program that exits before reading its whole script breaks the pipe: its own error
+    // output, read below, says why, so the write error only counts when there is nothing else.
+    let mut write_error = None;
     if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|e| failed(format!("writing the script: {e}")))?;
+        write_error = stdin.write_all(text.as_bytes()).await.err();
     }
     let output = child
         .wait_with_output()
         .await
         .map_err(|e| failed(e.to_string()))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(failed(
-            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        ))
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    match write_error {
+        None if output.status.success() => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
+        Some(error) if stderr.is_empty() => Err(failed(format!("writing the script: {error}"))),
+        _ if stderr.is_empty() => Err(failed(output.status.to_string())),
+        _ => Err(failed(stderr)),
     }
 }
 
@@ -847,6 +847,31 @@ mod tests {
             );
         }
         assert_eq!(stats.clone().applies(), 1, "clones share the counters");
+    }
+
+    #[tokio::test]
+    async fn a_program_that_exits_before_reading_its_script_is_reported_by_its_own_words() {
+        // More than a pipe holds, so the write fails once the program is gone.
+        let script = "x".repeat(1 << 20);
+        let error = run_command(
+            "sh",
+            &["-c", "echo cannot do it >&2; exit 3"],
+            Some(&script),
+        )
+        .await
+        .expect_err("the program fails");
+        assert_eq!(
+            error.to_string(),
+            "`sh -c echo cannot do it >&2; exit 3` failed: cannot do it"
+        );
+        let silent = run_command("sh", &["-c", "exit 4"], Some(&script))
+            .await
+            .expect_err("the program fails");
+        assert!(
+            silent.to_string().contains("exit status: 4")
+                || silent.to_string().contains("Broken pipe"),
+            "{silent}"
+        );
     }
 
     #[test]
