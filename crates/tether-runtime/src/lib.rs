@@ -1,6 +1,7 @@
 //! Process plumbing shared by every Tether daemon: logging, the admin server (`/metrics`,
 //! `/healthz`, `/readyz`), shutdown on signals, the Kubernetes client set-up, leader election
-//! over a Lease, reconcile metrics, and the clap argument groups every daemon flattens.
+//! over a Lease, reconcile metrics, the clap argument groups every daemon flattens, and the
+//! start-up check of the system programs a daemon runs.
 //!
 //! Nothing here knows about clusters, tunnels or Tether's own resources; a daemon composes
 //! these pieces in its `main`.
@@ -14,6 +15,7 @@ pub mod leader;
 pub mod metrics;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tools;
 
 pub use admin::{AdminError, AdminServer};
 pub use args::{AdminArgs, parse_duration};

@@ -1,6 +1,7 @@
 //! Test fixtures for Tether's privileged tests: network namespaces that cannot leak, guards for
 //! processes started in them, simulated-cluster topologies (pods, node, gateway, underlay, NAT
-//! router), TCP echo helpers and `assert_eventually!`.
+//! router), TCP echo helpers, `assert_eventually!`, the root/CI preflight with its skip marker,
+//! and system programs hidden from one command ([`HiddenTool`]).
 //!
 //! This crate is a dev-dependency only; production code never depends on it.
 //!
@@ -29,6 +30,7 @@
 mod echo;
 mod error;
 mod eventually;
+mod hide;
 mod netns;
 mod preflight;
 mod process;
@@ -38,9 +40,11 @@ mod topology;
 pub use echo::{EchoReply, TcpEchoServer, UdpEchoServer, tcp_echo, udp_echo};
 pub use error::{Error, Result};
 pub use eventually::{POLL_INTERVAL, patience};
+pub use hide::{HiddenTool, STAND_IN_ERROR, Stand};
 pub use netns::{NAME_PREFIX, Netns, list_namespaces, own_namespaces, sweep_stale_namespaces};
 pub use preflight::{
-    find_in_path, is_root, missing_requirement, require_root_or_skip, require_tools_or_skip,
+    SKIP_MARKER, find_in_path, is_root, missing_requirement, require_kubectl_or_skip,
+    require_root_or_skip, require_tools_or_skip,
 };
 pub use process::{DEFAULT_STOP_TIMEOUT, ProcessGuard};
 pub use topology::{

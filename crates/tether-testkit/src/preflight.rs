@@ -1,7 +1,15 @@
 //! Decides whether a privileged test may run here, following the project's CI rule: without
 //! root (or a needed tool) a local run skips loudly, while a run with `CI` set fails instead.
+//!
+//! A skip prints one line starting with [`SKIP_MARKER`] straight to the process's standard
+//! output, past the test harness's capture, so whoever runs the tests (`cargo xtask test`) sees
+//! every skip and can count them.
 
+use std::io::Write as _;
 use std::path::Path;
+
+/// The start of the line a skipped test prints: `TETHER-TEST-SKIPPED: <test>: <reason>`.
+pub const SKIP_MARKER: &str = "TETHER-TEST-SKIPPED:";
 
 /// Tools every namespace test needs: `ip` builds namespaces and links, `nft` programs NAT.
 const BASE_TOOLS: &[&str] = &["ip", "nft"];
@@ -39,12 +47,43 @@ pub fn missing_requirement(extra_tools: &[&str]) -> Option<String> {
         .map(|tool| format!("the `{tool}` command is not on PATH (install it)"))
 }
 
+/// Returns `true` when `kubectl` runs here (`kubectl version --client`). Otherwise skips as
+/// [`require_root_or_skip`] does: loudly without `CI`, with a panic when `CI` is set.
+pub fn require_kubectl_or_skip() -> bool {
+    let runs = std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    runs || skip_or_fail("`kubectl version --client` does not run (install kubectl 1.27 to 1.33)")
+}
+
 fn skip_or_fail(reason: &str) -> bool {
     if std::env::var_os("CI").is_some() {
         panic!("CI is set, so this privileged test must run, but {reason}");
     }
-    eprintln!("SKIPPED: {reason}; set up the machine or run as root to run this test");
+    print_skip(reason);
     false
+}
+
+/// Prints the skip line to file descriptor 1 itself: the harness captures what a test prints
+/// with `println!`, and shows it only for failed tests.
+fn print_skip(reason: &str) {
+    let thread = std::thread::current();
+    let test = match thread.name() {
+        Some(name) if name != "main" => name.to_owned(),
+        _ => std::env::args().next().unwrap_or_default(),
+    };
+    let line = format!(
+        "{SKIP_MARKER} {test}: {reason}; run as root on a prepared machine (`cargo xtask test`) to run it\n"
+    );
+    let written = nix::unistd::dup(std::io::stdout())
+        .is_ok_and(|fd| std::fs::File::from(fd).write_all(line.as_bytes()).is_ok());
+    if !written {
+        eprint!("{line}");
+    }
 }
 
 /// Whether the effective user is root, read from `/proc/self/status` (no libc call needed).

@@ -21,16 +21,11 @@ fn main() {
     if !tether_testkit::require_tools_or_skip(&["iperf3", "ping"]) {
         return;
     }
-    let seconds: u32 = std::env::var("TETHER_BENCH_SECONDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(10);
-    println!(
-        "load average before: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    let seconds: u32 = std::env::var("TETHER_BENCH_SECONDS").map_or(10, |s| {
+        s.parse()
+            .unwrap_or_else(|_| panic!("TETHER_BENCH_SECONDS={s:?} is not a number of seconds"))
+    });
+    println!("load average before: {}", load_average());
 
     // --- Through the tunnel: both clusters use 10.0.0.0/16. ---
     let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
@@ -189,12 +184,7 @@ fn main() {
         "ping RTT avg plain  A->B / B->A: {:.3} / {:.3} ms",
         rtt_plain.0, rtt_plain.1
     );
-    println!(
-        "load average after: {}",
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("load average after: {}", load_average());
     if rows.iter().any(|r| r.steal_pct > 8.0) {
         println!("WARNING: steal above 8 % in at least one run; treat those figures as noisy");
     }
@@ -254,7 +244,9 @@ fn iperf(
         .as_f64()
         .expect("bits_per_second");
     let bytes = end["sum_received"]["bytes"].as_f64().expect("bytes");
-    let retransmits = end["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+    let retransmits = end["sum_sent"]["retransmits"]
+        .as_u64()
+        .expect("iperf3 JSON: end.sum_sent.retransmits");
     let cpu_per_gb = (!pids.is_empty()).then(|| (cpu1 - cpu0) as f64 / 100.0 / (bytes / 1e9));
     let steal_pct = 100.0 * (steal1.0 - steal0.0) as f64 / ((steal1.1 - steal0.1).max(1)) as f64;
     println!("{name}: {:.2} Gbit/s (steal {steal_pct:.1} %)", bps / 1e9);
@@ -267,27 +259,45 @@ fn iperf(
     }
 }
 
+/// `/proc/loadavg`, trimmed. A figure that cannot be read stops the benchmark: a silent 0 or
+/// NaN would pass for a measurement.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .expect("reading /proc/loadavg")
+        .trim()
+        .to_owned()
+}
+
 /// utime + stime of a process and all its threads, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let path = format!("/proc/{pid}/stat");
+    let stat = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
     // Fields after the command (which is in parentheses and may contain spaces).
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .unwrap_or_else(|| panic!("{path} has no command in parentheses: {stat:?}"));
     let f: Vec<&str> = rest.split_whitespace().collect();
     // rest starts at field 3 (state); utime is field 14, stime 15.
-    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+    let field = |i: usize| -> u64 {
+        f.get(i)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{path}: field {} is not a number: {stat:?}", i + 3))
+    };
+    field(11) + field(12)
 }
 
 /// (steal, total) jiffies from the aggregate `cpu` line of /proc/stat.
 fn steal() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let stat = std::fs::read_to_string("/proc/stat").expect("reading /proc/stat");
     let line = stat.lines().next().unwrap_or_default();
     let v: Vec<u64> = line
         .split_whitespace()
         .skip(1)
-        .filter_map(|x| x.parse().ok())
+        .map(|x| x.parse().unwrap_or_else(|_| panic!("/proc/stat: {line:?}")))
         .collect();
-    (v.get(7).copied().unwrap_or(0), v.iter().take(8).sum())
+    assert!(v.len() >= 8, "/proc/stat has no steal column: {line:?}");
+    (v[7], v.iter().take(8).sum())
 }
 
 /// Average RTT of 100 pings at 10 ms intervals, in ms.
@@ -310,5 +320,5 @@ fn ping_rtt(ns: &Netns, to: Ipv4Addr) -> f64 {
         .and_then(|l| l.split('=').nth(1))
         .and_then(|v| v.trim().split('/').nth(1))
         .and_then(|v| v.parse().ok())
-        .unwrap_or(f64::NAN)
+        .unwrap_or_else(|| panic!("no average RTT in the output of ping: {text}"))
 }

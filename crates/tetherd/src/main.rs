@@ -87,6 +87,11 @@ fn gateway(args: GatewayArgs) -> ExitCode {
         print!("{}", prepared.plan());
         return ExitCode::SUCCESS;
     }
+    if let Err(e) = tether_runtime::tools::require("tetherd gateway", &[tether_runtime::tools::NFT])
+    {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
     let admin_addr = metrics_addr.unwrap_or_else(|| admin_address(&config));
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -109,7 +109,7 @@ fn bench(
     interrupts: &mut Interrupts,
     cluster: &ClusterGuard,
 ) -> anyhow::Result<()> {
-    let load_start = load_average();
+    let load_start = load_average()?;
     eprintln!(
         "bringing up cluster {} ({} nodes, underlay {}, state {})",
         cluster.name,
@@ -150,8 +150,12 @@ fn bench(
         Ok(now)
     })?;
     let daemon_with_pods = daemon_rss(&record)?;
-    let containers = containers_memory(&agents_with_pods.iter().map(|a| a.pid).collect::<Vec<_>>());
-    let load_ready = load_average();
+    let containers =
+        containers_memory(&agents_with_pods.iter().map(|a| a.pid).collect::<Vec<_>>())?;
+    if containers.processes == 0 {
+        bail!("no container process found under the node agents although every pod is Ready");
+    }
+    let load_ready = load_average()?;
     eprintln!("all pods Running and Ready; deleting them");
     let deleted = runtime.block_on(async {
         tokio::select! {
@@ -164,8 +168,8 @@ fn bench(
         check_same_agents(&agents_before, &now, &state, &record)?;
         Ok(now)
     })?;
-    let left = containers_memory(&agents_after.iter().map(|a| a.pid).collect::<Vec<_>>());
-    let load_end = load_average();
+    let left = containers_memory(&agents_after.iter().map(|a| a.pid).collect::<Vec<_>>())?;
+    let load_end = load_average()?;
 
     let tracker = &run.tracker;
     let ready_after = tracker
@@ -247,7 +251,7 @@ fn bench(
     println!(
         "  container processes        {} running, {:.0} KiB PSS each ({} PSS, {} RSS in all)",
         containers.processes,
-        containers.pss_kib as f64 / containers.processes.max(1) as f64,
+        containers.pss_kib as f64 / containers.processes as f64,
         mib(containers.pss_kib),
         mib(containers.rss_kib)
     );
@@ -902,9 +906,14 @@ struct Containers {
     pss_kib: u64,
 }
 
-fn containers_memory(agents: &[u32]) -> Containers {
+/// Fails when a process that still exists cannot be read: a figure of 0 would look like a
+/// measurement.
+fn containers_memory(agents: &[u32]) -> anyhow::Result<Containers> {
     let mut parents = HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir("/proc")
+        .context("listing /proc")?
+        .flatten()
+    {
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -937,26 +946,34 @@ fn containers_memory(agents: &[u32]) -> Containers {
     };
     let mut containers = Containers::default();
     for pid in parents.keys().copied().filter(|pid| descends(*pid)) {
+        let rss = proc::rss_kib(pid);
+        let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"));
+        if !Path::new(&format!("/proc/{pid}")).exists() {
+            // It exited between the listing and the reads: it is not counted at all.
+            continue;
+        }
+        let rss = rss.with_context(|| format!("reading the RSS of container process {pid}"))?;
+        let smaps = smaps.with_context(|| format!("reading /proc/{pid}/smaps_rollup"))?;
+        let pss = smaps
+            .lines()
+            .find_map(|l| l.strip_prefix("Pss:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .with_context(|| format!("no Pss line in /proc/{pid}/smaps_rollup"))?;
         containers.processes += 1;
-        containers.rss_kib += proc::rss_kib(pid).unwrap_or(0);
-        containers.pss_kib += std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find_map(|l| l.strip_prefix("Pss:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            })
-            .unwrap_or(0);
+        containers.rss_kib += rss;
+        containers.pss_kib += pss;
     }
-    containers
+    Ok(containers)
 }
 
 /// `/proc/loadavg`'s three averages.
-fn load_average() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
-        .unwrap_or_else(|| "unknown".to_owned())
+fn load_average() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string("/proc/loadavg").context("reading /proc/loadavg")?;
+    Ok(text
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" "))
 }
 
 /// Nearest-rank percentile of sorted durations.

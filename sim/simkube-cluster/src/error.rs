@@ -75,6 +75,9 @@ pub enum Error {
     /// Certificates could not be made.
     #[error("certificates: {0}")]
     Tls(#[from] simkube::tls::TlsError),
+    /// A system program the cluster needs is missing or broken.
+    #[error(transparent)]
+    Tool(#[from] tether_runtime::tools::ToolError),
     /// Other local IO failed.
     #[error("{action}: {source}")]
     Io {

@@ -14,6 +14,7 @@ mod error;
 pub mod metrics;
 pub mod net;
 pub mod ops;
+pub mod probe;
 pub mod proc;
 pub mod state;
 pub mod topology;

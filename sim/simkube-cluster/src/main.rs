@@ -235,23 +235,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             };
             let summary = ops::up(&options, &mut |l| progress(l))
                 .with_context(|| format!("bringing cluster {name} up"))?;
-            let kubeconfig = summary.kubeconfig.display();
-            let state_flag = if state.state_dir.as_path() == std::path::Path::new(DEFAULT_STATE_DIR)
-            {
-                String::new()
-            } else {
-                format!(" --state-dir {}", state.state_dir.display())
-            };
-            println!("cluster {name} is up (index {})", summary.record.index);
-            println!("  API server:  {}", summary.url);
-            println!("  nodes:       {}", summary.nodes.join(", "));
-            if let Some(metrics) = &summary.metrics_url {
-                println!("  daemon:      {metrics}/metrics, {metrics}/healthz");
-            }
-            println!("  kubeconfig:  {kubeconfig}");
-            println!("  logs:        {}", state.state_dir.join(&name).display());
-            println!("use it:   kubectl --kubeconfig {kubeconfig} get nodes");
-            println!("remove it: simkube cluster down --name {name}{state_flag}");
+            print_summary(&name, &summary, &state.state_dir);
             Ok(())
         }
         ClusterCommand::Down { name, state } => {
@@ -313,6 +297,26 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// What `cluster up` prints on stdout once the cluster works.
+fn print_summary(name: &str, summary: &ops::UpSummary, state_dir: &std::path::Path) {
+    let kubeconfig = summary.kubeconfig.display();
+    let state_flag = if state_dir == std::path::Path::new(DEFAULT_STATE_DIR) {
+        String::new()
+    } else {
+        format!(" --state-dir {}", state_dir.display())
+    };
+    println!("cluster {name} is up (index {})", summary.record.index);
+    println!("  API server:  {}", summary.url);
+    println!("  nodes:       {}", summary.nodes.join(", "));
+    if let Some(metrics) = &summary.metrics_url {
+        println!("  daemon:      {metrics}/metrics, {metrics}/healthz");
+    }
+    println!("  kubeconfig:  {kubeconfig}");
+    println!("  logs:        {}", state_dir.join(name).display());
+    println!("use it:   kubectl --kubeconfig {kubeconfig} get nodes");
+    println!("remove it: simkube cluster down --name {name}{state_flag}");
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {

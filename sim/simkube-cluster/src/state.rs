@@ -8,6 +8,8 @@
 //! <state>/<name>/daemon.json      written by the daemon once the API serves (DaemonRecord)
 //! <state>/<name>/admin.kubeconfig the daemon's admin kubeconfig (server on 127.0.0.1)
 //! <state>/<name>/node-I.kubeconfig, node-I.pid, node-I.stopped, node-I.log, node-I/
+//! <state>/<name>/node-I.status.json the agent's report: its service proxy's health, or why it
+//!                                   could not run (written by the agent)
 //! <state>/<name>/daemon.log
 //! ```
 

@@ -113,6 +113,10 @@ pub struct NodeArgs {
     /// supervisors that start agents as children.
     #[arg(long, hide = true)]
     pub exit_with_parent: Option<u32>,
+    /// Keep a JSON report here for a supervisor: the service proxy's health, or why the agent
+    /// could not run (see `simkube_node::status`).
+    #[arg(long)]
+    pub status_file: Option<PathBuf>,
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -173,9 +177,50 @@ fn exit_with_parent(parent: u32) -> Result<(), Error> {
     Ok(())
 }
 
-/// Enters `--netns`, builds the async runtime and runs the agent until SIGTERM or Ctrl-C.
-/// Tracing is the caller's business (set it up first, with [`NodeArgs::log`]).
+/// The system programs an agent with these flags runs: `ip` for sandboxes, and `nft` for the
+/// service proxy when there is one.
+pub fn required_tools(args: &NodeArgs) -> Vec<tether_runtime::tools::Tool> {
+    let mut tools = vec![tether_runtime::tools::IP];
+    if args.cluster_cidr.is_some() {
+        tools.push(tether_runtime::tools::NFT);
+    }
+    tools
+}
+
+/// Checks the system programs, enters `--netns`, builds the async runtime and runs the agent
+/// until SIGTERM or Ctrl-C. Tracing is the caller's business (set it up first, with
+/// [`NodeArgs::log`]). When the agent cannot run, the reason also goes to `--status-file`.
 pub fn run_blocking(args: NodeArgs) -> Result<(), Error> {
+    let status_file = args.status_file.clone();
+    let result = start_blocking(args);
+    if let (Err(error), Some(path)) = (&result, status_file) {
+        let status = crate::status::AgentStatus {
+            fatal: Some(error_chain(error)),
+            ..crate::status::AgentStatus::own()
+        };
+        if let Err(write) = crate::status::write(&path, &status) {
+            tracing::warn!(error = %write, path = %path.display(), "cannot write the status file");
+        }
+    }
+    result
+}
+
+/// `error` and its sources, joined by ": ".
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text = format!("{text}: {cause_text}");
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn start_blocking(args: NodeArgs) -> Result<(), Error> {
+    tether_runtime::tools::require("the node agent", &required_tools(&args))?;
     if let Some(parent) = args.exit_with_parent {
         exit_with_parent(parent)?;
     }
@@ -255,6 +300,7 @@ pub fn agent_config(
     config.lease_renew = config.lease_duration / 4;
     config.backoff.initial = Duration::from_millis(args.backoff_initial_ms);
     config.backoff.max = Duration::from_millis(args.backoff_max_ms);
+    config.status_file = args.status_file.clone();
     Ok(config)
 }
 

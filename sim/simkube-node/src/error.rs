@@ -17,6 +17,9 @@ pub enum Error {
     /// A sandbox could not be created or removed.
     #[error(transparent)]
     Sandbox(#[from] crate::sandbox::SandboxError),
+    /// A system program the agent runs is missing or broken.
+    #[error(transparent)]
+    Tool(#[from] tether_runtime::tools::ToolError),
     /// Local IO failed.
     #[error("{action}: {source}")]
     Io {

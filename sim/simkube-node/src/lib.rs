@@ -12,7 +12,8 @@
 //! and `/metrics` from [`metrics`]). Container output goes through [`container_log`] (CRI-format
 //! log files with a time per line). [`proxy`] is the node's service proxy (an nftables table
 //! for Services, plus routes to the other nodes' pod CIDRs). [`builtin`] holds the built-in
-//! workloads that the node binary runs as `__builtin <name>`.
+//! workloads that the node binary runs as `__builtin <name>`. [`status`] is the agent's report
+//! to its supervisor (the proxy's health, or why the agent could not run).
 //!
 //! The namespace the agent runs in *is* the node: run it inside a node's network namespace
 //! (`--netns`, or from a thread that entered one) and the pods hang off that namespace.
@@ -62,6 +63,7 @@ pub mod probes;
 pub mod process;
 pub mod proxy;
 pub mod sandbox;
+pub mod status;
 pub mod volumes;
 
 pub use agent::{Agent, AgentConfig};

@@ -16,6 +16,7 @@ pub mod plan;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::Command;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::model::{NodeInfo, ServiceInfo, SliceInfo};
@@ -123,9 +125,26 @@ impl ProxyConfig {
     }
 }
 
+/// Whether the proxy's rules and routes are in place, for the agent's supervisor.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "state", rename_all = "camelCase")]
+pub enum ProxyHealth {
+    /// Waiting for the first lists of Services, EndpointSlices and Nodes.
+    Starting,
+    /// The last apply of rules and routes succeeded.
+    Ready,
+    /// The last `failures` applies in a row failed; `error` is the latest reason.
+    Failing {
+        /// Failed attempts in a row.
+        failures: u32,
+        /// Why the latest one failed.
+        error: String,
+    },
+}
+
 /// The proxy's counters and gauges, shared by clones (register them once with
-/// [`ProxyStats::register`]).
-#[derive(Debug, Clone, Default)]
+/// [`ProxyStats::register`]), and its health.
+#[derive(Debug, Clone)]
 pub struct ProxyStats {
     applies: Counter,
     apply_failures: Counter,
@@ -137,9 +156,46 @@ pub struct ProxyStats {
     endpoints: Gauge,
     routes: Gauge,
     last_apply_seconds: Gauge<f64, AtomicU64>,
+    health: Arc<watch::Sender<ProxyHealth>>,
+}
+
+impl Default for ProxyStats {
+    fn default() -> Self {
+        Self {
+            applies: Counter::default(),
+            apply_failures: Counter::default(),
+            table_restores: Counter::default(),
+            route_changes: Counter::default(),
+            route_failures: Counter::default(),
+            conntrack_cleared: Counter::default(),
+            service_ports: Gauge::default(),
+            endpoints: Gauge::default(),
+            routes: Gauge::default(),
+            last_apply_seconds: Gauge::default(),
+            health: Arc::new(watch::channel(ProxyHealth::Starting).0),
+        }
+    }
 }
 
 impl ProxyStats {
+    /// The proxy's health now.
+    pub fn health(&self) -> ProxyHealth {
+        self.health.borrow().clone()
+    }
+
+    /// Follows the proxy's health as it changes.
+    pub fn watch_health(&self) -> watch::Receiver<ProxyHealth> {
+        self.health.subscribe()
+    }
+
+    fn set_health(&self, health: ProxyHealth) {
+        self.health.send_if_modified(|current| {
+            let changed = *current != health;
+            *current = health;
+            changed
+        });
+    }
+
     /// Successful `nft -f` applies.
     pub fn applies(&self) -> u64 {
         self.applies.get()
@@ -302,6 +358,8 @@ struct State {
     warnings: BTreeSet<String>,
     /// The route planner's warnings, logged when they first appear.
     route_warnings: BTreeSet<String>,
+    /// Why the latest apply of rules or routes failed, for [`ProxyHealth::Failing`].
+    last_error: Option<String>,
 }
 
 impl State {
@@ -373,6 +431,7 @@ impl State {
             Err(error) => {
                 stats.apply_failures.inc();
                 tracing::error!(%error, table = %self.config.table, "cannot apply service proxy rules");
+                self.last_error = Some(format!("applying its nftables rules: {error}"));
                 self.applied = None;
                 false
             }
@@ -405,6 +464,7 @@ impl State {
             Err(error) => {
                 stats.route_failures.inc();
                 tracing::warn!(%error, "cannot list pod routes");
+                self.last_error = Some(format!("listing its pod routes: {error}"));
                 return false;
             }
         };
@@ -424,6 +484,7 @@ impl State {
                     ok = false;
                     stats.route_failures.inc();
                     tracing::warn!(%error, "cannot remove pod route");
+                    self.last_error = Some(format!("removing a pod route: {error}"));
                 }
             }
         }
@@ -449,6 +510,7 @@ impl State {
                     ok = false;
                     stats.route_failures.inc();
                     tracing::warn!(%error, "cannot set pod route");
+                    self.last_error = Some(format!("setting a pod route: {error}"));
                 }
             }
         }
@@ -510,6 +572,7 @@ impl State {
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot check the service proxy table");
+                self.last_error = Some(format!("checking its nftables table: {error}"));
                 false
             }
         }
@@ -571,6 +634,7 @@ pub async fn run(
         udp_frontends: BTreeSet::new(),
         warnings: BTreeSet::new(),
         route_warnings: BTreeSet::new(),
+        last_error: None,
     };
     let debounce = state.config.debounce;
     let mut listed = [false; 3];
@@ -605,9 +669,12 @@ pub async fn run(
                     let routes = state.sync_routes().await;
                     if rules && routes {
                         failures = 0;
+                        state.config.stats.set_health(ProxyHealth::Ready);
                     } else {
                         due = Some(tokio::time::Instant::now() + retry(failures));
                         failures = failures.saturating_add(1);
+                        let error = state.last_error.take().unwrap_or_default();
+                        state.config.stats.set_health(ProxyHealth::Failing { failures, error });
                     }
                 }
             }
@@ -659,22 +726,22 @@ async fn run_command(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| failed(e.to_string()))?;
+    // A program that exits before reading its whole script breaks the pipe: its own error
+    // output, read below, says why, so the write error only counts when there is nothing else.
+    let mut write_error = None;
     if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .await
-            .map_err(|e| failed(format!("writing the script: {e}")))?;
+        write_error = stdin.write_all(text.as_bytes()).await.err();
     }
     let output = child
         .wait_with_output()
         .await
         .map_err(|e| failed(e.to_string()))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(failed(
-            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        ))
+    let stderr = String::from_utf8_lossy(&output.stderr).trim().to_owned();
+    match write_error {
+        None if output.status.success() => Ok(String::from_utf8_lossy(&output.stdout).into_owned()),
+        Some(error) if stderr.is_empty() => Err(failed(format!("writing the script: {error}"))),
+        _ if stderr.is_empty() => Err(failed(output.status.to_string())),
+        _ => Err(failed(stderr)),
     }
 }
 
@@ -780,6 +847,31 @@ mod tests {
             );
         }
         assert_eq!(stats.clone().applies(), 1, "clones share the counters");
+    }
+
+    #[tokio::test]
+    async fn a_program_that_exits_before_reading_its_script_is_reported_by_its_own_words() {
+        // More than a pipe holds, so the write fails once the program is gone.
+        let script = "x".repeat(1 << 20);
+        let error = run_command(
+            "sh",
+            &["-c", "echo cannot do it >&2; exit 3"],
+            Some(&script),
+        )
+        .await
+        .expect_err("the program fails");
+        assert_eq!(
+            error.to_string(),
+            "`sh -c echo cannot do it >&2; exit 3` failed: cannot do it"
+        );
+        let silent = run_command("sh", &["-c", "exit 4"], Some(&script))
+            .await
+            .expect_err("the program fails");
+        assert!(
+            silent.to_string().contains("exit status: 4")
+                || silent.to_string().contains("Broken pipe"),
+            "{silent}"
+        );
     }
 
     #[test]

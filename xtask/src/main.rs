@@ -1,0 +1,212 @@
+//! `cargo xtask`: the project's own commands. Each one first installs the system packages it
+//! needs on a Debian or Ubuntu machine (only the missing ones, so it is cheap to repeat), then
+//! does its job: run the tests, or bring up the main job.
+//!
+//! ```text
+//! cargo xtask up            set up, build, run the main job (a simulated cluster c1)
+//! cargo xtask down          remove what `up` brought up
+//! cargo xtask test [ARGS]   set up, then cargo test --workspace --locked --no-fail-fast ARGS
+//! cargo xtask setup         only install the missing system packages
+//! cargo xtask fuzz-build    compile the cargo-fuzz targets of sim/simkube/fuzz on stable
+//! ```
+
+mod setup;
+mod test;
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  up            install what is missing, build, and run the main job: a simulated two-node
+                cluster c1 (`simkube cluster up --name c1 --nodes 2 --kubeconfig-out
+                c1.kubeconfig`); needs root
+  down          remove what `up` brought up (`simkube cluster down --name c1`); needs root
+  test [ARGS]   install what is missing, then `cargo test --workspace --locked --no-fail-fast
+                ARGS`; reports every test that skipped, and with CI set fails if any did
+  setup         only install the missing system packages (apt-get; root when any is missing)
+  fuzz-build    compile the fuzz targets of sim/simkube/fuzz with a plain stable build";
+
+/// A failure of an xtask command, said in a sentence for the person who ran it.
+type Result<T = ()> = std::result::Result<T, String>;
+
+fn main() -> ExitCode {
+    let mut args = std::env::args().skip(1);
+    let command = args.next();
+    let rest: Vec<String> = args.collect();
+    let result = match command.as_deref() {
+        Some("up") => no_args("up", &rest).and_then(|()| main_job()),
+        Some("down") => no_args("down", &rest).and_then(|()| main_job_down()),
+        Some("test") => test::run(&rest),
+        Some("setup") => no_args("setup", &rest).and_then(|()| setup::ensure(setup::BASE)),
+        Some("fuzz-build") => no_args("fuzz-build", &rest).and_then(|()| fuzz_build()),
+        Some("help" | "-h" | "--help") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => Err(format!("unknown command {other:?}\n\n{USAGE}")),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("xtask: error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn no_args(command: &str, rest: &[String]) -> Result {
+    if rest.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "`cargo xtask {command}` takes no arguments (got {rest:?})\n\n{USAGE}"
+        ))
+    }
+}
+
+/// The simulated cluster of the main job.
+const MAIN_CLUSTER: &str = "c1";
+
+/// The main job, one step after the other, so that it grows by adding steps: today one
+/// simulated two-node cluster, `c1`, with its admin kubeconfig in `c1.kubeconfig` at the
+/// workspace root.
+fn main_job() -> Result {
+    require_root("`cargo xtask up` brings up simulated clusters (network namespaces)")?;
+    setup::ensure(setup::BASE)?;
+    // `tetherd` next to `simkube` is what Tether's image maps to in the cluster's pods.
+    cargo(&[
+        "build",
+        "--locked",
+        "-p",
+        "simkube-cluster",
+        "-p",
+        "tetherd",
+    ])?;
+    simkube(&[
+        "cluster",
+        "up",
+        "--name",
+        MAIN_CLUSTER,
+        "--nodes",
+        "2",
+        "--kubeconfig-out",
+        &format!("{MAIN_CLUSTER}.kubeconfig"),
+    ])
+}
+
+/// Undoes [`main_job`].
+fn main_job_down() -> Result {
+    require_root("`cargo xtask down` removes simulated clusters (network namespaces)")?;
+    setup::ensure(setup::BASE)?;
+    simkube(&["cluster", "down", "--name", MAIN_CLUSTER])
+}
+
+/// Compiles the cargo-fuzz targets as a normal stable build: libFuzzer's C++ part needs g++.
+/// Their lockfile is their own; a stale one is updated (and reported) rather than failing.
+fn fuzz_build() -> Result {
+    setup::ensure(setup::FUZZ)?;
+    let dir = workspace_root().join("sim/simkube/fuzz");
+    let lock = std::fs::read(dir.join("Cargo.lock")).unwrap_or_default();
+    let target = workspace_root().join("target/fuzz");
+    let mut command = Command::new(cargo_program());
+    command
+        .args(["build", "--bins", "--target-dir"])
+        .arg(&target)
+        .current_dir(&dir);
+    run(&mut command)?;
+    if std::fs::read(dir.join("Cargo.lock")).unwrap_or_default() != lock {
+        println!(
+            "xtask: note: sim/simkube/fuzz/Cargo.lock was out of date with the workspace and was \
+             updated; commit it"
+        );
+    }
+    Ok(())
+}
+
+/// Runs the `simkube` command of this workspace with `args` (built if needed).
+fn simkube(args: &[&str]) -> Result {
+    let mut all = vec![
+        "run",
+        "--locked",
+        "--quiet",
+        "-p",
+        "simkube-cluster",
+        "--bin",
+        "simkube",
+        "--",
+    ];
+    all.extend_from_slice(args);
+    cargo(&all)
+}
+
+/// Runs cargo with `args` in the workspace root.
+fn cargo(args: &[&str]) -> Result {
+    let mut command = Command::new(cargo_program());
+    command.args(args).current_dir(workspace_root());
+    run(&mut command)
+}
+
+/// The cargo that runs this xtask (`CARGO`), so that a toolchain chosen by rustup is kept.
+fn cargo_program() -> OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+/// The workspace root: the parent of this crate.
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Runs `command`, showing it first; a non-zero exit is an error naming it.
+fn run(command: &mut Command) -> Result {
+    let line = command_line(command);
+    println!("xtask: $ {line}");
+    let status = command
+        .status()
+        .map_err(|e| format!("cannot run `{line}`: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{line}` failed ({status})"))
+    }
+}
+
+fn command_line(command: &Command) -> String {
+    std::iter::once(command.get_program())
+        .chain(command.get_args())
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether this process runs with effective UID 0 (read from `/proc/self/status`).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().nth(1).map(|euid| euid == "0"))
+        })
+        .unwrap_or(false)
+}
+
+fn require_root(why: &str) -> Result {
+    if is_root() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{why}: run it as root (e.g. `sudo -E cargo xtask ...`)"
+        ))
+    }
+}
+
+/// Whether `CI` is set: then a skipped privileged test or a missing tool is a failure.
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty())
+}
