@@ -93,6 +93,7 @@ async fn serve(
         .controllers(simkube::controllers::Controllers::all())
         .load_balancer_pool(plan.lb_pool())
         .node_monitor_grace_period(Duration::from_secs(record.node_grace_seconds))
+        .cluster_signing_duration(Duration::from_secs(record.cluster_signing_seconds))
         .start()
         .await?;
     tracing::info!(cluster = %record.name, api = %api_addr, host_port, "API server listening");

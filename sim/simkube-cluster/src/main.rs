@@ -119,6 +119,10 @@ enum ClusterCommand {
         /// period; the agents' Lease duration follows it).
         #[arg(long, default_value_t = simkube_cluster::state::DEFAULT_NODE_GRACE_SECONDS)]
         node_grace_period: u64,
+        /// The longest client certificate the cluster's CSR signer issues, in seconds (as
+        /// kube-controller-manager's `--cluster-signing-duration`; one year by default).
+        #[arg(long, default_value_t = simkube_cluster::state::DEFAULT_CLUSTER_SIGNING_SECONDS)]
+        cluster_signing_duration: u64,
     },
     /// Remove a cluster: daemon, agents, pods, namespaces, bridge, state.
     Down {
@@ -218,6 +222,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             images,
             timeout,
             node_grace_period,
+            cluster_signing_duration,
         } => {
             let exe = std::env::current_exe().context("locating the simkube executable")?;
             let options = ops::UpOptions {
@@ -231,6 +236,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 images,
                 timeout: Duration::from_secs(timeout),
                 node_grace_seconds: node_grace_period,
+                cluster_signing_seconds: cluster_signing_duration,
                 exe,
             };
             let summary = ops::up(&options, &mut |l| progress(l))

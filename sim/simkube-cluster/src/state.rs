@@ -50,6 +50,10 @@ pub struct ClusterRecord {
     /// How long a node's Lease may go unrenewed before it turns NotReady (seconds).
     #[serde(default = "default_grace")]
     pub node_grace_seconds: u64,
+    /// The longest client certificate the CSR signer issues (seconds; kube-controller-manager's
+    /// `--cluster-signing-duration`).
+    #[serde(default = "default_signing")]
+    pub cluster_signing_seconds: u64,
     /// When the cluster was created (RFC 3339).
     pub created: String,
 }
@@ -69,6 +73,13 @@ fn default_grace() -> u64 {
 
 /// The node monitor grace period of kube-controller-manager, and the kubelet's Lease duration.
 pub const DEFAULT_NODE_GRACE_SECONDS: u64 = 40;
+
+/// kube-controller-manager's default `--cluster-signing-duration` (8760h), in seconds.
+pub const DEFAULT_CLUSTER_SIGNING_SECONDS: u64 = 365 * 24 * 3600;
+
+fn default_signing() -> u64 {
+    DEFAULT_CLUSTER_SIGNING_SECONDS
+}
 
 /// What the daemon reports once the API server serves.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,6 +315,7 @@ mod tests {
             images: vec![("ghcr.io/x/y".into(), "/bin/y".into())],
             daemon_pid: Some(42),
             node_grace_seconds: 40,
+            cluster_signing_seconds: DEFAULT_CLUSTER_SIGNING_SECONDS,
             created: "2026-01-01T00:00:00Z".into(),
         }
     }

@@ -39,6 +39,8 @@ pub struct UpOptions {
     pub timeout: Duration,
     /// Node monitor grace period (and the agents' Lease duration), in seconds.
     pub node_grace_seconds: u64,
+    /// The longest certificate the cluster's CSR signer issues, in seconds.
+    pub cluster_signing_seconds: u64,
     /// The `simkube` executable (runs the daemon and the agents).
     pub exe: PathBuf,
 }
@@ -124,6 +126,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
         images,
         daemon_pid: None,
         node_grace_seconds: options.node_grace_seconds,
+        cluster_signing_seconds: options.cluster_signing_seconds,
         created: jiff::Timestamp::now().to_string(),
     };
     // The record goes first: whatever happens next, `down` knows what to remove.
