@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use tether_api::ClusterId;
@@ -156,6 +156,11 @@ pub async fn reconcile(fc: Arc<ForeignCluster>, fctx: Arc<FcCtx>) -> Result<Acti
         }
         other => Error::Invalid(format!("ForeignCluster finalizer: {other}")),
     });
+    // A status written from a stale view was refused: run again at once with fresh data.
+    let result = match result {
+        Err(e) if e.api_status() == Some(409) => Ok(Action::requeue(Duration::from_millis(100))),
+        other => other,
+    };
     fctx.ctx
         .metrics
         .reconciled("foreigncluster", result.as_ref().err(), started.elapsed());
@@ -218,6 +223,10 @@ fn remote_id(fc: &ForeignCluster) -> Result<ClusterId, String> {
 }
 
 async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
+    // Status writes carry this copy's resourceVersion, so a reconcile working from a stale
+    // cache cannot overwrite a newer status (the API server answers 409 and it runs again).
+    let mut fc = fc.clone();
+    let fc = &mut fc;
     let ctx = &fctx.ctx;
     let mut st = fc.status.clone().unwrap_or_default();
     let generation = fc.metadata.generation;
@@ -260,7 +269,18 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
     }
     st.role = Some(status::role(consuming, tenant.is_some()));
     let outcome = if consuming {
-        consumer_step(fc, fctx, &remote, &mut st).await?
+        match consumer_step(fc, fctx, &remote, &mut st).await {
+            Ok(o) => o,
+            // Shown in the status too, so `tether peer` and `kubectl get fc` say what is wrong
+            // instead of a step that seems to hang.
+            Err(e) => AuthOutcome {
+                phase: Phase::Authenticating,
+                status: Status::False,
+                reason: "Error".into(),
+                message: format!("{e}; retrying"),
+                requeue: Duration::from_secs(5),
+            },
+        }
     } else {
         // Not (or no longer) consuming: an identity kept from before is revoked.
         drop_identity(fctx, &remote).await?;
@@ -329,7 +349,7 @@ fn conditions_remove(st: &mut ForeignClusterStatus, type_: &str) {
 }
 
 async fn finish(
-    fc: &ForeignCluster,
+    fc: &mut ForeignCluster,
     fctx: &FcCtx,
     mut st: ForeignClusterStatus,
     outcome: AuthOutcome,
@@ -372,6 +392,15 @@ async fn finish(
             now.clone(),
         );
     }
+    let previous = fc.status.as_ref().and_then(|s| s.phase);
+    if previous != Some(outcome.phase) {
+        tracing::info!(
+            remote = %fc.spec.cluster_id,
+            phase = outcome.phase.as_str(),
+            reason = %outcome.reason,
+            "peering phase changed"
+        );
+    }
     st.phase = Some(outcome.phase);
     if fc.status.as_ref() != Some(&st) {
         patch_status(fctx, fc, &st).await?;
@@ -381,33 +410,27 @@ async fn finish(
 
 async fn patch_status(
     fctx: &FcCtx,
-    fc: &ForeignCluster,
+    fc: &mut ForeignCluster,
     st: &ForeignClusterStatus,
 ) -> Result<(), Error> {
     let name = fc.metadata.name.clone().unwrap_or_default();
-    let patch = serde_json::json!({
-        "apiVersion": "core.tether.dev/v1alpha1",
-        "kind": "ForeignCluster",
-        "metadata": {"name": name},
-        "status": st,
-    });
-    Api::<ForeignCluster>::all(fctx.ctx.client.clone())
-        .patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+    let mut next = fc.clone();
+    next.status = Some(st.clone());
+    let written = Api::<ForeignCluster>::all(fctx.ctx.client.clone())
+        .replace_status(&name, &PostParams::default(), &next)
         .await
         .map_err(Error::kube(format!(
             "updating ForeignCluster {name} status"
         )))?;
+    fc.metadata.resource_version = written.metadata.resource_version;
+    fc.status = written.status;
     Ok(())
 }
 
 /// Sets the phase shown while a long step runs, so that `tether peer` can report it.
 async fn show_phase(
     fctx: &FcCtx,
-    fc: &ForeignCluster,
+    fc: &mut ForeignCluster,
     st: &mut ForeignClusterStatus,
     phase: Phase,
     message: &str,
@@ -433,6 +456,14 @@ async fn show_phase(
 
 fn kubeconfig_api(fctx: &FcCtx, remote: &ClusterId) -> Api<Secret> {
     Api::namespaced(fctx.ctx.client.clone(), &names::tenant_namespace(remote))
+}
+
+async fn namespace_terminating(fctx: &FcCtx, name: &str) -> Result<bool, Error> {
+    let ns = Api::<Namespace>::all(fctx.ctx.client.clone())
+        .get_opt(name)
+        .await
+        .map_err(Error::kube(format!("reading namespace {name}")))?;
+    Ok(ns.is_some_and(|n| n.metadata.deletion_timestamp.is_some()))
 }
 
 /// Whether the tenant namespace of `remote` is gone or terminating (then the controller's
@@ -473,7 +504,7 @@ async fn stored_identity(
 }
 
 async fn consumer_step(
-    fc: &ForeignCluster,
+    fc: &mut ForeignCluster,
     fctx: &FcCtx,
     remote: &ClusterId,
     st: &mut ForeignClusterStatus,
@@ -489,7 +520,21 @@ async fn consumer_step(
         Ok(c) => c,
         Err(e) => return Ok(AuthOutcome::failed(&e)),
     };
-    let local_ns = namespaces::ensure(ctx, remote).await?;
+    // The tenant namespace is created only once an identity is in hand, so a failed first
+    // authentication leaves nothing here; one still terminating from an earlier peering is
+    // waited for.
+    let local_ns = names::tenant_namespace(remote);
+    if namespace_terminating(fctx, &local_ns).await? {
+        return Ok(AuthOutcome {
+            phase: Phase::Authenticating,
+            status: Status::False,
+            reason: "NamespaceTerminating".into(),
+            message: format!(
+                "waiting for namespace {local_ns}, left by an earlier peering, to be deleted"
+            ),
+            requeue: Duration::from_secs(2),
+        });
+    }
     let now = unix_now();
     let stored = stored_identity(fctx, remote).await?;
     let (stored, version) = match stored {
@@ -810,6 +855,8 @@ async fn revoke_at_provider(
 }
 
 async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
+    let mut fc = fc.clone();
+    let fc = &mut fc;
     let Ok(remote) = remote_id(fc) else {
         return Ok(Action::await_change());
     };
@@ -847,7 +894,7 @@ async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
 
 /// The first identity: authenticate with the token. `Err` carries the outcome to report.
 async fn first_identity(
-    fc: &ForeignCluster,
+    fc: &mut ForeignCluster,
     fctx: &FcCtx,
     remote: &ClusterId,
     st: &mut ForeignClusterStatus,
@@ -856,7 +903,7 @@ async fn first_identity(
     now: i64,
 ) -> Result<Result<(Stored, String), AuthOutcome>, Error> {
     let ctx = &fctx.ctx;
-    let Some(access) = fc.spec.provider.as_ref() else {
+    let Some(access) = fc.spec.provider.clone() else {
         return Ok(Err(AuthOutcome::fatal(
             "InvalidSpec",
             "spec.provider is missing".into(),
@@ -902,6 +949,7 @@ async fn first_identity(
         Ok((issued, key)) => {
             let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
             let s = Stored::new(remote, &issued, &key.key_pem, now, 0, auth);
+            namespaces::ensure(ctx, remote).await?;
             let v = write_identity(fctx, remote, local_ns, &s).await?;
             delete_token(fctx, fc).await?;
             tracing::info!(provider = %remote, expires_at = s.expires_at, "identity issued");

@@ -162,27 +162,24 @@ async fn apply(t: &Tenant, ctx: &Ctx) -> Result<Action, Error> {
     let id = tenant_id(t)?;
     let ns = grant(ctx, &id).await?;
     ensure_foreign_cluster(ctx, &id).await?;
-    let mut status = t.status.clone().unwrap_or_default();
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let mut changed = status.namespace.as_deref() != Some(ns.as_str());
-    status.namespace = Some(ns.clone());
     let user = names::consumer_username(&id);
-    changed |= status.username.as_deref() != Some(user.as_str());
-    status.username = Some(user);
-    changed |= conditions::set(
-        &mut status.conditions,
-        types::READY,
-        Status::True,
-        "Granted",
-        format!(
-            "namespace {ns} exists and the consumer's identity is bound to the tenant role there"
-        ),
-        t.metadata.generation,
-        now,
-    );
-    if changed {
-        patch_status(ctx, &id, &status).await?;
-    }
+    let generation = t.metadata.generation;
+    update_status(ctx, &id, |status| {
+        status.namespace = Some(ns.clone());
+        status.username = Some(user.clone());
+        conditions::set(
+            &mut status.conditions,
+            types::READY,
+            Status::True,
+            "Granted",
+            format!(
+                "namespace {ns} exists and the consumer's identity is bound to the tenant role there"
+            ),
+            generation,
+            Time(k8s_openapi::jiff::Timestamp::now()),
+        );
+    })
+    .await?;
     Ok(Action::requeue(Duration::from_secs(600)))
 }
 
@@ -194,21 +191,36 @@ async fn cleanup(t: &Tenant, ctx: &Ctx) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// Writes a Tenant's status.
-pub async fn patch_status(ctx: &Ctx, id: &ClusterId, status: &TenantStatus) -> Result<(), Error> {
-    let patch = serde_json::json!({
-        "apiVersion": "authentication.tether.dev/v1alpha1",
-        "kind": "Tenant",
-        "metadata": {"name": id.as_str()},
-        "status": status,
-    });
-    Api::<Tenant>::all(ctx.client.clone())
-        .patch_status(
-            id.as_str(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(Error::kube(format!("updating Tenant {id} status")))?;
-    Ok(())
+/// Changes a Tenant's status with `change`, reading it fresh and writing it with its
+/// resourceVersion, so concurrent writers (the reconciler and the authentication service)
+/// never lose each other's updates; retried on conflict.
+pub async fn update_status(
+    ctx: &Ctx,
+    id: &ClusterId,
+    change: impl Fn(&mut TenantStatus),
+) -> Result<(), Error> {
+    let api: Api<Tenant> = Api::all(ctx.client.clone());
+    let context = format!("updating Tenant {id} status");
+    for _ in 0..5 {
+        let mut tenant = api
+            .get_status(id.as_str())
+            .await
+            .map_err(Error::kube(context.clone()))?;
+        let before = tenant.status.clone();
+        change(tenant.status.get_or_insert_with(Default::default));
+        if tenant.status == before {
+            return Ok(());
+        }
+        match api
+            .replace_status(id.as_str(), &PostParams::default(), &tenant)
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(Error::kube(context)(e)),
+        }
+    }
+    Err(Error::Invalid(format!(
+        "{context}: it kept changing; retrying"
+    )))
 }

@@ -93,17 +93,25 @@ pub async fn validate(
     ))
 }
 
-/// Deletes token Secrets whose expiry has passed; returns how many.
+/// How long an expired token's Secret is kept, so that a late attempt with it is told it
+/// expired rather than that it is unknown.
+pub const EXPIRED_GRACE_SECS: i64 = 3600;
+
+/// Deletes token Secrets that expired more than [`EXPIRED_GRACE_SECS`] ago; returns how many.
 pub async fn delete_expired(client: &kube::Client, namespace: &str) -> Result<usize, Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
     let list = api
         .list(&ListParams::default().labels(&format!("{}=true", labels::PEERING_TOKEN)))
         .await
         .map_err(Error::kube("listing peering tokens"))?;
-    let now = k8s_openapi::jiff::Timestamp::now();
+    let cutoff = k8s_openapi::jiff::Timestamp::now()
+        .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(
+            EXPIRED_GRACE_SECS,
+        ))
+        .unwrap_or_default();
     let mut deleted = 0;
     for s in list.items {
-        if expiry(&s).is_some_and(|e| e <= now) {
+        if expiry(&s).is_some_and(|e| e <= cutoff) {
             let name = s.metadata.name.clone().unwrap_or_default();
             match api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => deleted += 1,

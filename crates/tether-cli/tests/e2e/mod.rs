@@ -34,7 +34,8 @@ pub fn sibling(name: &str) -> PathBuf {
 /// at once on two cores only make both slow.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    LOCK.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One test's simulated clusters.
@@ -161,16 +162,28 @@ impl Run {
     /// Asserts the exit code, showing the output otherwise.
     #[track_caller]
     pub fn ok(&self) -> &Self {
-        assert_eq!(self.code, 0, "failed:\nstdout: {}\nstderr: {}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, 0,
+            "failed:\nstdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         self
     }
 
     /// Asserts failure with `code` and that stderr names every needle.
     #[track_caller]
     pub fn fails(&self, code: i32, needles: &[&str]) {
-        assert_eq!(self.code, code, "stdout: {}\nstderr: {}", self.stdout, self.stderr);
+        assert_eq!(
+            self.code, code,
+            "stdout: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         for n in needles {
-            assert!(self.stderr.contains(n), "stderr lacks {n:?}:\n{}", self.stderr);
+            assert!(
+                self.stderr.contains(n),
+                "stderr lacks {n:?}:\n{}",
+                self.stderr
+            );
         }
     }
 }
@@ -215,6 +228,29 @@ impl Sim {
         Run::from(out)
     }
 
+    /// `kubectl apply -f -` of `yaml` with `kubeconfig`.
+    pub fn apply_as(&self, kubeconfig: &Path, yaml: &str) -> Run {
+        use std::io::Write as _;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--cache-dir")
+            .arg(&self.cache)
+            .args(["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(yaml.as_bytes())
+            .expect("write manifest");
+        Run::from(child.wait_with_output().expect("kubectl output"))
+    }
+
     /// `kubectl get ... -o jsonpath=...` output, or empty when the object is missing.
     pub fn jsonpath(&self, args: &[&str], path: &str) -> String {
         let mut all = vec!["get"];
@@ -248,8 +284,22 @@ impl Sim {
     }
 
     /// The PIDs of this cluster's controller processes (pods are processes here), found by
-    /// their cluster ID in the environment.
+    /// their pod name and cluster ID in the environment.
     pub fn controller_pids(&self, cluster_id: &str) -> Vec<u32> {
+        let pods = self.jsonpath(
+            &[
+                "pods",
+                "-n",
+                "tether-system",
+                "-l",
+                "app.kubernetes.io/name=tether-controller",
+            ],
+            "{.items[*].metadata.name}",
+        );
+        let pods: Vec<String> = pods
+            .split_whitespace()
+            .map(|p| format!("POD_NAME={p}"))
+            .collect();
         let wanted = format!("TETHER_CLUSTER_ID={cluster_id}");
         let mut pids = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
@@ -264,7 +314,10 @@ impl Sim {
                 continue;
             }
             let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-            if environ.split(|b| *b == 0).any(|v| v == wanted.as_bytes()) {
+            let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            let ours = vars.contains(&wanted.as_bytes())
+                && pods.iter().any(|p| vars.contains(&p.as_bytes()));
+            if ours {
                 pids.push(pid);
             }
         }
@@ -276,10 +329,19 @@ impl Sim {
     /// the issued identity.
     pub fn issued_kubeconfig(&self, provider: &Sim, provider_id: &str, out: &Path) {
         let b64 = self.jsonpath(
-            &["secret", "-n", &format!("tether-tenant-{provider_id}"), "tether-provider-kubeconfig"],
+            &[
+                "secret",
+                "-n",
+                &format!("tether-tenant-{provider_id}"),
+                "tether-provider-kubeconfig",
+            ],
             "{.data.kubeconfig}",
         );
-        assert!(!b64.is_empty(), "{} holds no kubeconfig for {provider_id}", self.name);
+        assert!(
+            !b64.is_empty(),
+            "{} holds no kubeconfig for {provider_id}",
+            self.name
+        );
         use base64::Engine as _;
         let yaml = String::from_utf8(
             base64::engine::general_purpose::STANDARD
@@ -305,6 +367,7 @@ impl Sim {
 
     fn jsonpath_config(&self, path: &str) -> String {
         let jp = format!("jsonpath={path}");
-        self.kubectl(&["config", "view", "--minify", "-o", &jp]).stdout
+        self.kubectl(&["config", "view", "--minify", "-o", &jp])
+            .stdout
     }
 }

@@ -222,18 +222,16 @@ async fn record_issue(
     consumer: &ClusterId,
     expires_at: i64,
 ) -> Result<(), crate::Error> {
-    let api: Api<Tenant> = Api::all(ctx.client.clone());
-    let current = api
-        .get_status(consumer.as_str())
-        .await
-        .map_err(crate::Error::kube(format!("reading Tenant {consumer}")))?;
-    let mut status = current.status.unwrap_or_default();
-    status.identities_issued += 1;
-    status.identity_expires_at = k8s_openapi::jiff::Timestamp::from_second(expires_at)
+    let expiry = k8s_openapi::jiff::Timestamp::from_second(expires_at)
         .ok()
         .map(Time);
-    status.username = Some(names::consumer_username(consumer));
-    tenant::patch_status(ctx, consumer, &status).await
+    let username = names::consumer_username(consumer);
+    tenant::update_status(ctx, consumer, |status| {
+        status.identities_issued += 1;
+        status.identity_expires_at = expiry.clone();
+        status.username = Some(username.clone());
+    })
+    .await
 }
 
 async fn cluster_ca(ctx: &Ctx) -> Result<String, Refusal> {
