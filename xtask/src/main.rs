@@ -3,7 +3,7 @@
 //! does its job: run the tests, or bring up the main job.
 //!
 //! ```text
-//! cargo xtask up            set up, build, run the main job (a simulated cluster c1)
+//! cargo xtask up            set up, build, run the main job (clusters c1 and c2, peered)
 //! cargo xtask down          remove what `up` brought up
 //! cargo xtask test [ARGS]   set up, then cargo test --workspace --locked --no-fail-fast ARGS
 //! cargo xtask setup         only install the missing system packages
@@ -20,10 +20,10 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  up            install what is missing, build, and run the main job: a simulated two-node
-                cluster c1 (`simkube cluster up --name c1 --nodes 2 --kubeconfig-out
-                c1.kubeconfig`); needs root
-  down          remove what `up` brought up (`simkube cluster down --name c1`); needs root
+  up            install what is missing, build, and run the main job: two simulated two-node
+                clusters c1 and c2 (kubeconfigs c1.kubeconfig and c2.kubeconfig), Tether
+                installed in both, and c1 peered with c2 as its provider; needs root
+  down          remove what `up` brought up (both clusters); needs root
   test [ARGS]   install what is missing, then `cargo test --workspace --locked --no-fail-fast
                 ARGS`; reports every test that skipped, and with CI set fails if any did
   setup         only install the missing system packages (apt-get; root when any is missing)
@@ -67,16 +67,16 @@ fn no_args(command: &str, rest: &[String]) -> Result {
     }
 }
 
-/// The simulated cluster of the main job.
-const MAIN_CLUSTER: &str = "c1";
+/// The simulated clusters of the main job: the consumer first, then the provider.
+const MAIN_CLUSTERS: [&str; 2] = ["c1", "c2"];
 
-/// The main job, one step after the other, so that it grows by adding steps: today one
-/// simulated two-node cluster, `c1`, with its admin kubeconfig in `c1.kubeconfig` at the
-/// workspace root.
+/// The main job, one step after the other: two simulated two-node clusters with their admin
+/// kubeconfigs at the workspace root, Tether installed in both (cluster IDs as the names), and
+/// c1 peered with c2. Steps already done are skipped, so running it again is harmless.
 fn main_job() -> Result {
     require_root("`cargo xtask up` brings up simulated clusters (network namespaces)")?;
     setup::ensure(setup::BASE)?;
-    // `tetherd` next to `simkube` is what Tether's image maps to in the cluster's pods.
+    // `tetherd` next to `simkube` is what Tether's image maps to in the clusters' pods.
     cargo(&[
         "build",
         "--locked",
@@ -84,24 +84,98 @@ fn main_job() -> Result {
         "simkube-cluster",
         "-p",
         "tetherd",
+        "-p",
+        "tether-cli",
     ])?;
-    simkube(&[
-        "cluster",
-        "up",
-        "--name",
-        MAIN_CLUSTER,
-        "--nodes",
-        "2",
-        "--kubeconfig-out",
-        &format!("{MAIN_CLUSTER}.kubeconfig"),
-    ])
+    let running = running_clusters()?;
+    for name in MAIN_CLUSTERS {
+        if running.iter().any(|r| r == name) {
+            println!("xtask: cluster {name} is already up");
+            continue;
+        }
+        simkube(&[
+            "cluster",
+            "up",
+            "--name",
+            name,
+            "--nodes",
+            "2",
+            "--kubeconfig-out",
+            &kubeconfig(name),
+        ])?;
+    }
+    for name in MAIN_CLUSTERS {
+        tether(&[
+            "--kubeconfig",
+            &kubeconfig(name),
+            "install",
+            "--cluster-id",
+            name,
+        ])?;
+    }
+    let [consumer, provider] = MAIN_CLUSTERS;
+    tether(&[
+        "--kubeconfig",
+        &kubeconfig(consumer),
+        "peer",
+        "--remote-kubeconfig",
+        &kubeconfig(provider),
+    ])?;
+    tether(&["--kubeconfig", &kubeconfig(consumer), "status"])?;
+    println!(
+        "\nTwo clusters, peered: {consumer} consumes from {provider}. Try:\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig get foreignclusters\n  \
+         kubectl --kubeconfig {provider}.kubeconfig get tenants\n  \
+         cargo run -q -p tether-cli -- --kubeconfig {provider}.kubeconfig status\n  \
+         cargo xtask down"
+    );
+    Ok(())
+}
+
+fn kubeconfig(cluster: &str) -> String {
+    format!("{cluster}.kubeconfig")
+}
+
+/// Names of the simulated clusters whose daemon runs (`simkube cluster list`).
+fn running_clusters() -> Result<Vec<String>> {
+    let output = Command::new(cargo_program())
+        .args([
+            "run",
+            "--locked",
+            "--quiet",
+            "-p",
+            "simkube-cluster",
+            "--bin",
+            "simkube",
+            "--",
+            "cluster",
+            "list",
+        ])
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("cannot run `simkube cluster list`: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`simkube cluster list` failed: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .skip(1)
+        .filter(|l| l.trim_end().ends_with("running"))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect())
 }
 
 /// Undoes [`main_job`].
 fn main_job_down() -> Result {
     require_root("`cargo xtask down` removes simulated clusters (network namespaces)")?;
     setup::ensure(setup::BASE)?;
-    simkube(&["cluster", "down", "--name", MAIN_CLUSTER])
+    for name in MAIN_CLUSTERS {
+        simkube(&["cluster", "down", "--name", name])?;
+    }
+    Ok(())
 }
 
 /// Compiles the cargo-fuzz targets as a normal stable build: libFuzzer's C++ part needs g++.
@@ -136,6 +210,22 @@ fn simkube(args: &[&str]) -> Result {
         "simkube-cluster",
         "--bin",
         "simkube",
+        "--",
+    ];
+    all.extend_from_slice(args);
+    cargo(&all)
+}
+
+/// Runs the `tether` command of this workspace with `args`.
+fn tether(args: &[&str]) -> Result {
+    let mut all = vec![
+        "run",
+        "--locked",
+        "--quiet",
+        "-p",
+        "tether-cli",
+        "--bin",
+        "tether",
         "--",
     ];
     all.extend_from_slice(args);
