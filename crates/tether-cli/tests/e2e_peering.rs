@@ -149,18 +149,17 @@ fn install_runs_the_controller_as_a_pod_and_reinstalling_or_applying_the_dry_run
     ] {
         assert!(published.contains(key), "{key} not published: {published}");
     }
-    let metrics = a.kubectl(&[
-        "get",
-        "--raw",
-        &format!("/api/v1/namespaces/tether-system/pods/{pod}:9090/proxy/metrics"),
-    ]);
-    if metrics.code == 0 {
+    // Metrics, health and readiness are on by default.
+    let ip = a.jsonpath(&["pods", "-n", "tether-system", &pod], "{.status.podIP}");
+    let metrics = a.http_from_node(&ip, 9090, "/metrics");
+    for series in ["tether_leader 1", "tether_peers{phase=\"Established\"} 0"] {
         assert!(
-            metrics.stdout.contains("tether_leader"),
-            "{}",
-            metrics.stdout
+            metrics.contains(series),
+            "{series} missing from /metrics:\n{metrics}"
         );
     }
+    assert!(a.http_from_node(&ip, 9090, "/readyz").contains(" 200 OK"));
+    assert!(a.http_from_node(&ip, 9090, "/healthz").contains(" 200 OK"));
 
     // A second install is a no-op: no object changes.
     let versions = |sim: &Sim| {
@@ -295,6 +294,28 @@ fn peering_issues_a_confined_identity_and_unpeering_leaves_nothing() {
             auth_status(&b, "alpha") == "True"
                 && fc_field(&b, "alpha", "{.status.role}") == "Consumer"
         },
+    );
+    // The controllers count what they did.
+    let consumer_metrics = a.controller_metrics();
+    assert!(
+        consumer_metrics
+            .contains("tether_reconcile_total{controller=\"foreigncluster\",result=\"ok\"}"),
+        "{consumer_metrics}"
+    );
+    // Peers by phase are counted every 10 s.
+    a.wait(
+        "one Established peer in the metrics",
+        Duration::from_secs(30),
+        || {
+            a.controller_metrics()
+                .contains("tether_peers{phase=\"Established\"} 1")
+        },
+    );
+    let provider_metrics = b.controller_metrics();
+    assert!(
+        provider_metrics
+            .contains("tether_auth_requests_total{endpoint=\"identities\",outcome=\"ok\"} 1"),
+        "{provider_metrics}"
     );
     // `kubectl get fc` shows the modules as columns.
     let table = a.kubectl(&["get", "fc"]);

@@ -324,6 +324,46 @@ impl Sim {
         pids
     }
 
+    /// `GET path` from a pod's port, from inside node 1's network namespace (a node reaches
+    /// every pod of its cluster), with bash's `/dev/tcp`. Returns the whole response.
+    pub fn http_from_node(&self, ip: &str, port: u16, path: &str) -> String {
+        let script = format!(
+            "exec 3<>/dev/tcp/{ip}/{port} && printf 'GET {path} HTTP/1.0\\r\\nHost: x\\r\\n\\r\\n' >&3 && cat <&3"
+        );
+        let out = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &format!("sk.{}.n1", self.name),
+                "bash",
+                "-c",
+                &script,
+            ])
+            .output()
+            .expect("ip netns exec runs");
+        assert!(
+            out.status.success(),
+            "GET {ip}:{port}{path} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The controller's `/metrics` (of its first pod).
+    pub fn controller_metrics(&self) -> String {
+        let ip = self.jsonpath(
+            &[
+                "pods",
+                "-n",
+                "tether-system",
+                "-l",
+                "app.kubernetes.io/name=tether-controller",
+            ],
+            "{.items[0].status.podIP}",
+        );
+        self.http_from_node(&ip, 9090, "/metrics")
+    }
+
     /// A copy of the kubeconfig this cluster holds for `provider`, with its server switched to
     /// one reachable from the host (the provider's admin kubeconfig's), so a test can act as
     /// the issued identity.
