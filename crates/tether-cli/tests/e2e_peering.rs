@@ -455,6 +455,32 @@ metadata:
     assert!(b.tether(&["token", "list"]).stdout.contains(id));
     b.tether(&["token", "revoke", id]).ok();
     assert_nothing_left(&a, &b);
+
+    // Uninstall: nothing of Tether stays in either cluster.
+    for sim in [&a, &b] {
+        sim.tether(&["uninstall", "--timeout", "120s"]).ok();
+        assert!(
+            !sim.names(&["namespaces"])
+                .iter()
+                .any(|n| n.ends_with("/tether-system")),
+            "tether-system left on {}",
+            sim.name
+        );
+        let crds = sim.names(&["customresourcedefinitions"]);
+        assert!(
+            !crds.iter().any(|c| c.contains("tether.dev")),
+            "CRDs left: {crds:?}"
+        );
+        let roles = sim.names(&["clusterroles"]);
+        assert!(
+            !roles.iter().any(|r| r.contains("tether")),
+            "cluster roles left: {roles:?}"
+        );
+        assert!(
+            sim.controller_pids(if sim.name == a.name { "alpha" } else { "beta" })
+                .is_empty()
+        );
+    }
 }
 
 fn env_file(_env: &Env, name: &str) -> std::path::PathBuf {

@@ -315,8 +315,10 @@ impl Sim {
             }
             let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
             let vars: Vec<&[u8]> = environ.split(|b| *b == 0).collect();
+            // Without pods (say, after uninstall) any process of this cluster ID counts, so
+            // that a process outliving its pod is found.
             let ours = vars.contains(&wanted.as_bytes())
-                && pods.iter().any(|p| vars.contains(&p.as_bytes()));
+                && (pods.is_empty() || pods.iter().any(|p| vars.contains(&p.as_bytes())));
             if ours {
                 pids.push(pid);
             }
