@@ -226,11 +226,17 @@ struct Counters {
 
 impl Counters {
     fn install(underlay: &str) -> Result<Self> {
-        let script = "table inet tetherbench {\n\
-            chain fwd {\n type filter hook forward priority -300; policy accept;\n\
-              ip saddr { 198.18.1.0/24, 198.19.1.0/24 } ip daddr { 198.18.2.0/24, 198.19.2.0/24 } counter\n\
-              ip saddr { 198.18.2.0/24, 198.19.2.0/24 } ip daddr { 198.18.1.0/24, 198.19.1.0/24 } counter\n\
-            }\n}\n";
+        // The API servers listen in the underlay namespace itself (198.18.X.1), so traffic to
+        // them is input and output there; traffic to LoadBalancer addresses is forwarded.
+        let rules = "ip saddr { 198.18.1.0/24, 198.19.1.0/24 } ip daddr { 198.18.2.0/24, 198.19.2.0/24 } counter\n\
+                     ip saddr { 198.18.2.0/24, 198.19.2.0/24 } ip daddr { 198.18.1.0/24, 198.19.1.0/24 } counter\n";
+        let mut script = String::from("table inet tetherbench {\n");
+        for hook in ["forward", "input", "output"] {
+            script.push_str(&format!(
+                "chain {hook}_between {{\n type filter hook {hook} priority -300; policy accept;\n{rules}}}\n"
+            ));
+        }
+        script.push_str("}\n");
         let mut child = Command::new("ip")
             .args(["netns", "exec", underlay, "nft", "-f", "-"])
             .stdin(std::process::Stdio::piped())
@@ -282,8 +288,8 @@ impl Counters {
                 found += 1;
             }
         }
-        if found != 2 {
-            return Err(format!("expected two counters, found {found}:\n{text}"));
+        if found != 6 {
+            return Err(format!("expected six counters, found {found}:\n{text}"));
         }
         Ok(total)
     }
