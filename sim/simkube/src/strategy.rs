@@ -673,11 +673,7 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             set_default(spec, "replicas", json!(1));
             set_default(spec, "revisionHistoryLimit", json!(10));
             set_default(spec, "progressDeadlineSeconds", json!(600));
-            set_default(
-                spec,
-                "strategy",
-                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
-            );
+            default_deployment_strategy(spec);
             default_pod_template(spec);
         }
         ("apps", "replicasets") => {
@@ -689,6 +685,29 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             default_pod_template(spec);
         }
         _ => {}
+    }
+}
+
+/// As kube-apiserver defaults it field by field, so `strategy: {}` (what kubectl's protobuf body
+/// carries) and a partial `rollingUpdate` are completed too.
+fn default_deployment_strategy(spec: &mut Value) {
+    if !spec["strategy"].is_object() {
+        spec["strategy"] = json!({});
+    }
+    let strategy = &mut spec["strategy"];
+    if strategy["type"].as_str().is_none_or(str::is_empty) {
+        strategy["type"] = json!("RollingUpdate");
+    }
+    if strategy["type"] == "RollingUpdate" {
+        if !strategy["rollingUpdate"].is_object() {
+            strategy["rollingUpdate"] = json!({});
+        }
+        set_default(
+            &mut strategy["rollingUpdate"],
+            "maxUnavailable",
+            json!("25%"),
+        );
+        set_default(&mut strategy["rollingUpdate"], "maxSurge", json!("25%"));
     }
 }
 

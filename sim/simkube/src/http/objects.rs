@@ -16,6 +16,7 @@ use super::{
 };
 use crate::auth::{self, RequestAttributes};
 use crate::error::{ApiError, Cause, qualified};
+use crate::protobuf::DefaultKind;
 use crate::registry::{FieldValidation, Origin, ResourceType, UnknownFields};
 use crate::selectors::{FieldSelector, LabelSelector};
 use crate::store::{ObjKey, Page, Txn, TypeKey, obj_key};
@@ -247,7 +248,7 @@ pub(super) async fn serve(
         (&Method::GET, true, None | Some("status")) => get(&ctx),
         (&Method::PUT, true, None | Some("status")) => {
             let body = read_body(state, req.into_body()).await?;
-            let obj = decode_body(content_type.as_deref(), &body)?;
+            let obj = decode_object(&ctx, content_type.as_deref(), &body)?;
             update(&ctx, obj, sub.as_deref())
         }
         (&Method::PATCH, true, None | Some("status")) => {
@@ -261,20 +262,32 @@ pub(super) async fn serve(
         }
         (&Method::POST, true, Some("binding")) => {
             let body = read_body(state, req.into_body()).await?;
-            binding(&ctx, &decode_body(content_type.as_deref(), &body)?)
+            let into = DefaultKind {
+                api_version: "v1",
+                kind: "Binding",
+            };
+            binding(&ctx, &decode_body(content_type.as_deref(), &body, into)?)
         }
         (&Method::POST, true, Some("eviction")) => {
             let body = read_body(state, req.into_body()).await?;
-            eviction(&ctx, &decode_body(content_type.as_deref(), &body)?)
+            let into = DefaultKind {
+                api_version: "policy/v1",
+                kind: "Eviction",
+            };
+            eviction(&ctx, &decode_body(content_type.as_deref(), &body, into)?)
         }
         (&Method::POST, true, Some("token")) => {
             let body = read_body(state, req.into_body()).await?;
-            token(&ctx, &decode_auth_body(content_type.as_deref(), &body)?)
+            let into = DefaultKind {
+                api_version: "authentication.k8s.io/v1",
+                kind: "TokenRequest",
+            };
+            token(&ctx, &decode_body(content_type.as_deref(), &body, into)?)
         }
         (&Method::GET, true, Some("approval" | "finalize")) => get(&ctx),
         (&Method::PUT, true, Some(s @ ("approval" | "finalize"))) => {
             let body = read_body(state, req.into_body()).await?;
-            let obj = decode_body(content_type.as_deref(), &body)?;
+            let obj = decode_object(&ctx, content_type.as_deref(), &body)?;
             update(&ctx, obj, Some(s))
         }
         (&Method::PATCH, true, Some("approval")) => {
@@ -602,11 +615,21 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 // ---------------------------------------------------------------------------------------------
 // Writes
 
+/// Where a body's `apiVersion` and `kind` may come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TypeMetaSource {
+    /// Create and update bodies: kube-apiserver's decoder fills a missing kind, and a missing
+    /// apiVersion, of a built-in type from the URL (the Python client and others rely on it).
+    BodyOrUrl,
+    /// Apply patches and patched objects: the kind must be in the body.
+    Body,
+}
+
 /// Checks kind/apiVersion of a body against the URL's type, filling them in when absent.
 fn check_type_meta(
     rt: &ResourceType,
     obj: &mut Value,
-    allow_missing: bool,
+    source: TypeMetaSource,
 ) -> Result<(), ApiError> {
     if !obj.is_object() {
         return Err(ApiError::bad_request(
@@ -614,38 +637,72 @@ fn check_type_meta(
         ));
     }
     let want_av = rt.api_version();
-    match obj["kind"].as_str() {
-        Some(k) if k == rt.kind => {}
-        Some("") | None if allow_missing => obj["kind"] = json!(rt.kind),
-        Some("") | None => {
+    let builtin = rt.origin == Origin::Builtin;
+    let non_empty = |field: &str| {
+        obj[field]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+    };
+    let (body_kind, body_av) = (non_empty("kind"), non_empty("apiVersion"));
+    let kind = match body_kind {
+        Some(kind) => kind,
+        None if builtin && source == TypeMetaSource::BodyOrUrl => rt.kind.clone(),
+        None => {
             return Err(ApiError::bad_request(format!(
                 "Object 'Kind' is missing in '{}'",
                 compact(obj)
             )));
         }
-        Some(other) => {
+    };
+    let av = body_av.unwrap_or_else(|| want_av.clone());
+    if kind != rt.kind {
+        return Err(if builtin {
+            builtin_kind_mismatch(rt, &av, &kind)
+        } else {
+            ApiError::bad_request(format!(
+                "the object provided is unrecognized (must be of type {}): {kind} in version {av:?}",
+                rt.kind
+            ))
+        });
+    }
+    if av != want_av {
+        // Another served version of the same type converts by rewriting apiVersion.
+        let same_group = av.rsplit_once('/').map_or("", |(g, _)| g) == rt.group;
+        if !same_group || builtin {
             return Err(ApiError::bad_request(format!(
-                "the object provided is unrecognized (must be of type {}): {other} in version {:?}",
-                rt.kind,
-                obj["apiVersion"].as_str().unwrap_or_default()
+                "the API version in the data ({av}) does not match the expected API version ({want_av})"
             )));
         }
     }
-    match obj["apiVersion"].as_str() {
-        Some(av) if av == want_av => {}
-        Some("") | None => obj["apiVersion"] = json!(want_av),
-        Some(av) => {
-            // Another served version of the same type converts by rewriting apiVersion.
-            let same_group = av.rsplit_once('/').map_or("", |(g, _)| g) == rt.group;
-            if !same_group || !matches!(rt.origin, Origin::Crd { .. }) {
-                return Err(ApiError::bad_request(format!(
-                    "the API version in the data ({av}) does not match the expected API version ({want_av})"
-                )));
-            }
-            obj["apiVersion"] = json!(want_av);
-        }
-    }
+    obj["kind"] = json!(kind);
+    obj["apiVersion"] = json!(want_av);
     Ok(())
+}
+
+/// A built-in URL given a body of another kind: kube-apiserver decodes the body as its own kind
+/// and fails to convert it into the URL's (or, for a kind it does not know, fails to decode).
+fn builtin_kind_mismatch(rt: &ResourceType, api_version: &str, kind: &str) -> ApiError {
+    let version = api_version.rsplit('/').next().unwrap_or_default();
+    let reason = if crate::registry::is_known_kind(api_version, kind) {
+        // The internal types live in a Go package named after the group (`core` for "").
+        let internal = match rt.group.split('.').next().unwrap_or_default() {
+            "" | "events" => "core",
+            first => first,
+        };
+        format!(
+            "converting ({version}.{kind}) to ({internal}.{}): unknown conversion",
+            rt.kind
+        )
+    } else {
+        format!(
+            "no kind {kind:?} is registered for version {api_version:?} in scheme \"pkg/api/legacyscheme/scheme.go:30\""
+        )
+    };
+    ApiError::bad_request(format!(
+        "{kind} in version {version:?} cannot be handled as a {}: {reason}",
+        rt.kind
+    ))
 }
 
 fn compact(v: &Value) -> String {
@@ -849,13 +906,24 @@ fn admit_update(
     Ok(())
 }
 
-/// kubectl 1.32+ sends protobuf bodies for `auth can-i`, `auth whoami` and `create token`; those
-/// few kinds are decoded, everything else goes through [`decode_body`].
-fn decode_auth_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
-    if content_type.is_some_and(|c| c.starts_with("application/vnd.kubernetes.protobuf")) {
-        return auth::decode_protobuf_request(body);
+/// Decodes the body of a create or update of the URL's type. Custom resources have no protobuf
+/// form, so kube-apiserver refuses protobuf bodies for them as an unknown format.
+fn decode_object(
+    ctx: &Ctx<'_>,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Result<Value, ApiError> {
+    if matches!(ctx.rt.origin, Origin::Crd { .. }) && super::is_protobuf(content_type) {
+        return Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+        ));
     }
-    decode_body(content_type, body)
+    let api_version = ctx.rt.api_version();
+    let into = DefaultKind {
+        api_version: &api_version,
+        kind: &ctx.rt.kind,
+    };
+    decode_body(content_type, body, into)
 }
 
 /// Access and identity reviews are answered from the caller's identity and RBAC, never stored.
@@ -927,19 +995,11 @@ fn is_crd(rt: &ResourceType) -> bool {
 }
 
 fn create(ctx: &Ctx<'_>, content_type: Option<&str>, body: &[u8]) -> Result<Response, ApiError> {
-    let reviewed = matches!(
-        ctx.rt.group.as_str(),
-        "authorization.k8s.io" | "authentication.k8s.io"
-    );
-    let mut obj = if reviewed {
-        decode_auth_body(content_type, body)?
-    } else {
-        decode_body(content_type, body)?
-    };
+    let mut obj = decode_object(ctx, content_type, body)?;
     if let Some(answer) = review(ctx, &obj)? {
         return Ok(super::json_response(StatusCode::CREATED, &answer));
     }
-    check_type_meta(&ctx.rt, &mut obj, false)?;
+    check_type_meta(&ctx.rt, &mut obj, TypeMetaSource::BodyOrUrl)?;
     let warnings = ctx.validate_body_fields(&mut obj)?;
     check_namespace(ctx, &mut obj)?;
     let obj = convert::to_storage(&ctx.rt, obj);
@@ -1137,8 +1197,7 @@ fn validate_csr_conditions(rt: &ResourceType, csr: &Value) -> Result<(), ApiErro
 }
 
 fn update(ctx: &Ctx<'_>, mut obj: Value, sub: Option<&str>) -> Result<Response, ApiError> {
-    let allow_missing_kind = matches!(sub, Some("approval" | "finalize"));
-    check_type_meta(&ctx.rt, &mut obj, allow_missing_kind)?;
+    check_type_meta(&ctx.rt, &mut obj, TypeMetaSource::BodyOrUrl)?;
     let warnings = ctx.validate_body_fields(&mut obj)?;
     check_namespace(ctx, &mut obj)?;
     check_name(ctx, &obj)?;
@@ -1230,7 +1289,7 @@ fn patch(
                     }
                     // Server-side apply creates a missing object.
                     let mut applied = patch_doc.clone();
-                    check_type_meta(&rt, &mut applied, false)?;
+                    check_type_meta(&rt, &mut applied, TypeMetaSource::Body)?;
                     check_namespace(ctx, &mut applied)?;
                     check_name(ctx, &applied)?;
                     let now = strategy::now_rfc3339();
@@ -1262,7 +1321,7 @@ fn patch(
                     )?,
                     _ => {
                         let mut applied = patch_doc.clone();
-                        check_type_meta(&rt, &mut applied, false)?;
+                        check_type_meta(&rt, &mut applied, TypeMetaSource::Body)?;
                         check_name(ctx, &applied)?;
                         let now = strategy::now_rfc3339();
                         let mut scoped = applied;
@@ -1335,7 +1394,7 @@ fn patch(
                 {
                     m.remove("resourceVersion");
                 }
-                check_type_meta(&rt, &mut new, false)?;
+                check_type_meta(&rt, &mut new, TypeMetaSource::Body)?;
                 let new = convert::to_storage(&rt, new);
                 let stored = write_update(ctx, txn, &old, new, sub, dry_run, !apply)?;
                 Ok((stored, false))
@@ -1801,7 +1860,11 @@ fn scale_write(
         let old = txn.get(&k, ctx.ns(), ctx.name()).ok_or_else(|| ctx.not_found())?;
         let mut scale = scale_of(&old);
         if method == Method::PUT {
-            scale = decode_body(content_type, body)?;
+            let into = DefaultKind {
+                api_version: "autoscaling/v1",
+                kind: "Scale",
+            };
+            scale = decode_body(content_type, body, into)?;
         } else {
             let doc: Value = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
             match content_type.unwrap_or_default().split(';').next().unwrap_or_default() {
