@@ -33,7 +33,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The listen address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -41,14 +41,14 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Certificates could not be made.
-    #[error("TLS setup failed: {0}")]
+    #[error("TLS setup failed")]
     Tls(#[from] tls::TlsError),
     /// The ServiceAccount token signer could not be made.
-    #[error("token signer setup failed: {0}")]
-    Token(String),
+    #[error("token signer setup failed")]
+    Token(#[source] crate::auth::TokenError),
     /// The admin client could not be built.
-    #[error("admin client: {0}")]
-    Client(String),
+    #[error("admin client")]
+    Client(#[source] kube::Error),
 }
 
 /// Something started with the cluster once it listens, stopped by the token at shutdown.

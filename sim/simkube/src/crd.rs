@@ -17,6 +17,7 @@ use std::collections::BTreeSet;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, Cause};
+use crate::names::{DNS1035_LABEL_MSG, DNS1123_LABEL_MSG, is_dns1035_label, is_dns1123_subdomain};
 use crate::registry::{Origin, PrinterColumn, ResourceType};
 
 mod structural;
@@ -138,33 +139,6 @@ fn render(v: &Value) -> String {
     }
 }
 
-/// RFC 1123 label: lower-case alphanumerics and `-`, at most 63 characters.
-fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1035 label: an RFC 1123 label that starts with a letter.
-fn is_dns1035_label(s: &str) -> bool {
-    is_dns1123_label(s) && s.starts_with(|c: char| c.is_ascii_lowercase())
-}
-
-fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
-}
-
-const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric \
-    characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or \
-    '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-
-const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters \
-    or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. \
-    'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
-
 // ---------------------------------------------------------------------------------------------
 // CRD → resource types.
 
@@ -275,13 +249,7 @@ pub fn types_from_crd(crd: &Value) -> Result<Vec<ResourceType>, ApiError> {
 /// `status.acceptedNames`, `NamesAccepted` and `Established` conditions (transition times kept
 /// when already true) and the storage version added to `status.storedVersions`.
 pub fn accept(crd: &mut Value) {
-    accept_at(crd, &now_rfc3339());
-}
-
-fn now_rfc3339() -> String {
-    let now = jiff::Timestamp::now();
-    jiff::Timestamp::from_second(now.as_second())
-        .map_or_else(|_| now.to_string(), |t| t.to_string())
+    accept_at(crd, &crate::timefmt::now_rfc3339());
 }
 
 /// [`accept`] with an explicit transition time (RFC 3339).

@@ -39,6 +39,7 @@ pub mod fuzzing;
 pub mod http;
 pub mod kubelet_proxy;
 pub mod metrics;
+pub mod names;
 pub mod patch;
 pub mod protobuf;
 pub mod registry;

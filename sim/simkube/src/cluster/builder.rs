@@ -198,7 +198,7 @@ impl ClusterBuilder {
         } else {
             None
         };
-        let issuer = Arc::new(TokenIssuer::generate().map_err(|e| Error::Token(e.to_string()))?);
+        let issuer = Arc::new(TokenIssuer::generate().map_err(Error::Token)?);
         let admin_token = random_token();
         let slot: Arc<OnceLock<Weak<ServerState>>> = Arc::new(OnceLock::new());
         let sa_slot = slot.clone();
@@ -322,7 +322,7 @@ impl ClusterBuilder {
         if self.controllers.any() {
             let client = cluster
                 .client_with_token(cluster.admin_token())
-                .map_err(|e| Error::Client(e.to_string()))?;
+                .map_err(Error::Client)?;
             handles.extend(crate::controllers::spawn(
                 &self.controllers,
                 &self.controller_settings,

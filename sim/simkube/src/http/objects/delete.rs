@@ -196,7 +196,7 @@ pub(super) fn delete_one(
         .expect("invariant: stored objects have metadata");
     meta.insert(
         "deletionTimestamp".into(),
-        json!(strategy::timestamp_after(grace)),
+        json!(crate::timefmt::rfc3339_after(grace)),
     );
     meta.insert("deletionGracePeriodSeconds".into(), json!(grace));
     if !finalizers.is_empty() {

@@ -75,7 +75,7 @@ pub(super) fn patch(
                     check_type_meta(&rt, &mut applied, TypeMetaSource::Body)?;
                     check_namespace(ctx, &mut applied)?;
                     check_name(ctx, &applied)?;
-                    let now = strategy::now_rfc3339();
+                    let now = crate::timefmt::now_rfc3339();
                     let obj = patch::server_side_apply(None, &applied, &manager, force, &now, &rt)?;
                     let mut obj = convert::to_storage(&rt, obj);
                     strategy::prepare_create(&rt, &mut obj)?;
@@ -106,7 +106,7 @@ pub(super) fn patch(
                         let mut applied = patch_doc.clone();
                         check_type_meta(&rt, &mut applied, TypeMetaSource::Body)?;
                         check_name(ctx, &applied)?;
-                        let now = strategy::now_rfc3339();
+                        let now = crate::timefmt::now_rfc3339();
                         let mut scoped = applied;
                         if sub == Some("status") {
                             // An apply to /status only speaks for status.

@@ -62,7 +62,7 @@ pub(super) fn binding(ctx: &Ctx<'_>, body: &Value) -> Result<Response, ApiError>
                 new["metadata"]["annotations"][k2] = v.clone();
             }
         }
-        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": strategy::now_rfc3339()});
+        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": crate::timefmt::now_rfc3339()});
         let conds = new["status"]["conditions"].as_array().cloned().unwrap_or_default();
         let mut conds: Vec<Value> = conds.into_iter().filter(|c| c["type"] != "PodScheduled").collect();
         conds.push(cond);

@@ -35,7 +35,7 @@ pub(super) fn create(
                     auth::check_escalation(view, &ctx.attrs.user, &rt.kind, &candidate, &ns)?;
                 }
                 if let Some(manager) = &ctx.manager {
-                    let now = strategy::now_rfc3339();
+                    let now = crate::timefmt::now_rfc3339();
                     patch::update_managed_fields_with(
                         None,
                         &mut candidate,
@@ -149,7 +149,7 @@ pub(super) fn write_update(
         }
     }
     if record_manager && let Some(manager) = &ctx.manager {
-        let now = strategy::now_rfc3339();
+        let now = crate::timefmt::now_rfc3339();
         let sub = sub.filter(|s| *s == "status");
         patch::update_managed_fields_with(
             Some(old),
