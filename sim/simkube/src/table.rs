@@ -12,13 +12,17 @@ use serde_json::{Map, Value, json};
 use crate::registry::{Origin, PrinterColumn, ResourceType};
 
 mod app_cells;
+mod app_columns;
 mod columns;
 mod core_cells;
+mod core_columns;
 mod format;
 mod jsonpath;
 use app_cells::*;
+use app_columns::*;
 use columns::*;
 use core_cells::*;
+use core_columns::*;
 pub use format::human_duration;
 use format::*;
 pub use jsonpath::jsonpath_first;
