@@ -35,21 +35,10 @@ pub const CLUSTER_DOMAIN: &str = "cluster.local";
 /// with a letter, not ending with `-`) of at most [`MAX_NAME_LEN`] characters. Dots are
 /// excluded so that `sk.<name>.` prefixes never overlap between clusters.
 pub fn validate_name(name: &str) -> Result<(), Error> {
-    let problem = if name.is_empty() {
-        Some("is empty")
-    } else if name.len() > MAX_NAME_LEN {
+    let problem = if name.len() > MAX_NAME_LEN {
         Some("is longer than 40 characters")
-    } else if !name.starts_with(|c: char| c.is_ascii_lowercase()) {
-        Some("must start with a lower-case letter")
-    } else if name.ends_with('-') {
-        Some("must not end with '-'")
-    } else if !name
-        .chars()
-        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
-    {
-        Some("may only contain lower-case letters, digits and '-'")
     } else {
-        None
+        simkube::names::dns1035_label_problem(name)
     };
     match problem {
         Some(problem) => Err(Error::Invalid(format!(

@@ -9,7 +9,6 @@
 mod escalation;
 mod impersonation;
 mod policy;
-mod protobuf;
 mod rbac;
 mod review;
 mod token;
@@ -29,7 +28,6 @@ pub use escalation::{
 };
 pub use impersonation::{impersonate, wants_impersonation};
 pub use policy::{default_cluster_role_bindings, default_cluster_roles};
-pub use protobuf::decode_protobuf_request;
 pub use rbac::{
     Decision, PolicyRule, RBAC_GROUP, RbacView, SYSTEM_MASTERS, Subject, aggregate, authorize,
     decide, forbidden_message, label_selector_matches,

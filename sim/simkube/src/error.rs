@@ -3,6 +3,19 @@
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
+/// An error and its sources as one line, `outer: inner: innermost`, for a Status message (the
+/// one place where a chain has to become text, because clients read only the message).
+pub fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
+}
+
 /// One `StatusCause` of a 422 Invalid (or another error with causes).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cause {

@@ -93,7 +93,20 @@ pub fn decode_request(req: &RawRequest) -> Result<Decoded, ApiError> {
     } else if req.method == "PATCH" {
         Some(decode_patch(req, rt.as_deref())?)
     } else {
-        Some(http::decode_body(req.content_type.as_deref(), &req.body)?)
+        let (api_version, kind) = rt
+            .as_ref()
+            .map_or(("v1".to_owned(), "ConfigMap".to_owned()), |rt| {
+                (rt.api_version(), rt.kind.clone())
+            });
+        let into = crate::protobuf::DefaultKind {
+            api_version: &api_version,
+            kind: &kind,
+        };
+        Some(http::decode_body(
+            req.content_type.as_deref(),
+            &req.body,
+            into,
+        )?)
     };
     Ok(Decoded { route, repr, body })
 }
@@ -139,7 +152,13 @@ fn decode_patch(
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
             patch::strategic_merge_patch(&target, &p, &api_version, &kind)
         }
-        _ => http::decode_body(req.content_type.as_deref(), &req.body),
+        _ => {
+            let into = crate::protobuf::DefaultKind {
+                api_version: &api_version,
+                kind: &kind,
+            };
+            http::decode_body(req.content_type.as_deref(), &req.body, into)
+        }
     }
 }
 

@@ -21,6 +21,7 @@ use serde_json::Value;
 
 use crate::auth::{self, RequestAttributes, UserInfo};
 use crate::error::ApiError;
+use crate::protobuf::{DefaultKind, ProtobufError};
 use crate::registry::{Registry, ResourceType};
 use crate::store::{Store, TypeKey};
 use crate::tls::ClientIdentity;
@@ -49,6 +50,8 @@ pub struct RequestRecord {
     pub verb: String,
     /// HTTP status code of the response (200 for a watch that started streaming).
     pub code: u16,
+    /// The request's `Content-Type` header, if it had one (kubectl 1.32+ sends protobuf).
+    pub content_type: Option<String>,
 }
 
 /// An injected failure: the next `remaining` requests with this verb and resource get `error`.
@@ -438,6 +441,11 @@ async fn handle(state: Arc<ServerState>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
     let raw_query = req.uri().query().unwrap_or_default().to_owned();
+    let content_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
     let latency = *state.latency.lock().unwrap_or_else(|e| e.into_inner());
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
@@ -470,6 +478,7 @@ async fn handle(state: Arc<ServerState>, req: Request) -> Response {
                     user: String::new(),
                     verb: String::new(),
                     code: resp.status().as_u16(),
+                    content_type,
                 });
                 return resp;
             }
@@ -492,6 +501,7 @@ async fn handle(state: Arc<ServerState>, req: Request) -> Response {
         user: user.username,
         verb: attrs.verb.clone(),
         code: resp.status().as_u16(),
+        content_type,
     });
     resp
 }
@@ -608,18 +618,36 @@ async fn read_body(state: &ServerState, body: Body) -> Result<Bytes, ApiError> {
         .map_err(|_| ApiError::too_large(state.config.body_limit))
 }
 
-/// Decodes a JSON or YAML request body according to its Content-Type.
-pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, ApiError> {
-    let ct = content_type
+/// The Content-Type of Kubernetes protobuf bodies.
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+
+/// The media type of a Content-Type header, without parameters (JSON when absent).
+fn media_type(content_type: Option<&str>) -> &str {
+    content_type
         .unwrap_or("application/json")
         .split(';')
         .next()
         .unwrap_or_default()
-        .trim();
-    match ct {
-        "application/vnd.kubernetes.protobuf" => Err(ApiError::unsupported_media_type(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml (protobuf request bodies are not supported by this server: kubectl 1.32+ sends them for imperative `kubectl create <kind>` commands; use `kubectl create -f FILE` or `kubectl apply -f FILE` instead)",
-        )),
+        .trim()
+}
+
+/// Whether a Content-Type is Kubernetes protobuf.
+pub fn is_protobuf(content_type: Option<&str>) -> bool {
+    media_type(content_type) == PROTOBUF
+}
+
+/// Decodes a JSON, YAML or protobuf request body according to its Content-Type. `into` is the
+/// type the URL addresses: a protobuf envelope without a type is read as it, and decoding
+/// errors name it as kube-apiserver's do.
+pub fn decode_body(
+    content_type: Option<&str>,
+    body: &[u8],
+    into: DefaultKind<'_>,
+) -> Result<Value, ApiError> {
+    match media_type(content_type) {
+        PROTOBUF => {
+            crate::protobuf::decode(body, into).map_err(|e| protobuf_decode_error(&e, into, body))
+        }
         "application/yaml" | "application/apply-patch+yaml" | "text/yaml" => {
             serde_yaml::from_slice::<Value>(body)
                 .map_err(|e| ApiError::bad_request(format!("error converting YAML to JSON: {e}")))
@@ -628,6 +656,29 @@ pub fn decode_body(content_type: Option<&str>, body: &[u8]) -> Result<Value, Api
             ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
         }),
     }
+}
+
+/// A protobuf body that does not decode, worded as kube-apiserver's `transformDecodeError`.
+fn protobuf_decode_error(error: &ProtobufError, into: DefaultKind<'_>, body: &[u8]) -> ApiError {
+    if let ProtobufError::UnsupportedKind { .. } | ProtobufError::UnsupportedField { .. } = error {
+        return ApiError::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml ({error})"
+        ));
+    }
+    if let ProtobufError::UnknownKind { api_version, kind } = error {
+        let version = api_version.rsplit('/').next().unwrap_or_default();
+        return ApiError::bad_request(format!(
+            "{kind} in version {version:?} cannot be handled as a {}: no kind {kind:?} is registered for version {api_version:?} in scheme \"pkg/api/legacyscheme/scheme.go:30\"",
+            into.kind
+        ));
+    }
+    let summary: String = body.iter().take(30).map(|b| format!("{b:02x}")).collect();
+    let ellipsis = if body.len() > 30 { " ..." } else { "" };
+    ApiError::bad_request(format!(
+        "the object provided is unrecognized (must be of type {}): {} ({summary}{ellipsis})",
+        into.kind,
+        crate::error::chain(error)
+    ))
 }
 
 /// Methods are checked per route; this answers the rest.
@@ -697,10 +748,17 @@ mod tests {
     }
 
     #[test]
-    fn protobuf_bodies_are_refused_with_advice() {
-        let err =
-            decode_body(Some("application/vnd.kubernetes.protobuf"), b"k8s\0").expect_err("415");
-        assert_eq!(err.code, 415);
-        assert!(err.message.contains("kubectl create -f"));
+    fn protobuf_bodies_that_do_not_decode_are_bad_requests_naming_the_type() {
+        let into = DefaultKind {
+            api_version: "v1",
+            kind: "ConfigMap",
+        };
+        let err = decode_body(Some(PROTOBUF), b"k8s\0\n\x0f", into).expect_err("400");
+        assert_eq!((err.code, err.reason.as_str()), (400, "BadRequest"));
+        expect_test::expect!["the object provided is unrecognized (must be of type ConfigMap): malformed protobuf envelope: failed to decode Protobuf message: Unknown.type_meta: buffer underflow (6b3873000a0f)"].assert_eq(&err.message);
+        assert!(is_protobuf(Some(
+            "application/vnd.kubernetes.protobuf; charset=x"
+        )));
+        assert!(!is_protobuf(None));
     }
 }

@@ -39,13 +39,16 @@ pub mod fuzzing;
 pub mod http;
 pub mod kubelet_proxy;
 pub mod metrics;
+pub mod names;
 pub mod patch;
+pub mod protobuf;
 pub mod registry;
 pub mod selectors;
 pub mod service_alloc;
 pub mod store;
 pub mod strategy;
 pub mod table;
+pub mod timefmt;
 pub mod tls;
 pub mod watch;
 

@@ -460,6 +460,21 @@ fn typed_roundtrip(rt: &ResourceType, obj: &Value) -> Option<Value> {
     typed_check(&rt.group, &rt.kind).and_then(|f| f(obj))
 }
 
+/// Whether Kubernetes has this kind in this group/version, as far as this server knows: the
+/// built-in types it serves and the kinds of their subresources.
+pub(crate) fn is_known_kind(api_version: &str, kind: &str) -> bool {
+    const SUBRESOURCE_KINDS: &[(&str, &str)] = &[
+        ("v1", "Binding"),
+        ("policy/v1", "Eviction"),
+        ("autoscaling/v1", "Scale"),
+        ("authentication.k8s.io/v1", "TokenRequest"),
+    ];
+    SUBRESOURCE_KINDS.contains(&(api_version, kind))
+        || builtins()
+            .iter()
+            .any(|t| t.kind == kind && t.api_version() == api_version)
+}
+
 fn typed_check(group: &str, kind: &str) -> Option<TypedCheck> {
     use k8s_openapi::Resource;
     use k8s_openapi::api::{

@@ -561,20 +561,6 @@ fn is_qualified_name_part(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
-/// RFC 1123 subdomain: lower-case alphanumerics, '-' and '.', alphanumeric at both ends of
-/// each dot-separated label, at most 253 characters.
-fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= 253
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            !b.is_empty()
-                && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
-                && (b[b.len() - 1].is_ascii_lowercase() || b[b.len() - 1].is_ascii_digit())
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
-}
-
 /// Validates a label key as apimachinery's `IsQualifiedName` does.
 pub fn validate_label_key(key: &str) -> Result<(), String> {
     let (prefix, name) = match key.split_once('/') {
@@ -594,7 +580,7 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         if p.is_empty() {
             return Err("prefix part must be non-empty".into());
         }
-        if !is_dns1123_subdomain(p) {
+        if !crate::names::is_dns1123_subdomain(p) {
             return Err(format!(
                 "prefix part a lowercase RFC 1123 subdomain must consist of lower case \
                  alphanumeric characters, '-' or '.', and must start and end with an \

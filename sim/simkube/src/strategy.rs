@@ -4,6 +4,10 @@
 
 use std::collections::HashSet;
 
+use crate::names::{
+    DNS1035_LABEL_MSG, DNS1123_LABEL_MSG, DNS1123_SUBDOMAIN_MSG, is_dns1035_label,
+    is_dns1123_label, is_dns1123_subdomain,
+};
 use rand::Rng as _;
 use serde_json::{Map, Value, json};
 
@@ -14,22 +18,6 @@ use crate::registry::ResourceType;
 const NAME_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 /// generateName prefixes are cut so the result stays a valid DNS label.
 const MAX_GENERATED_PREFIX: usize = 58;
-const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
-const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
-const DNS1035_LABEL_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
-
-/// The current time as the apiserver writes timestamps: RFC 3339, seconds, UTC.
-pub fn now_rfc3339() -> String {
-    timestamp_after(0)
-}
-
-/// Now plus `secs` seconds, formatted like [`now_rfc3339`].
-pub fn timestamp_after(secs: i64) -> String {
-    let ts = jiff::Timestamp::now()
-        .checked_add(jiff::SignedDuration::from_secs(secs))
-        .unwrap_or_else(|_| jiff::Timestamp::now());
-    ts.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
 
 /// A name from a generateName prefix: the prefix (cut to 58 characters) plus 5 random characters.
 pub fn generate_name(prefix: &str) -> String {
@@ -60,41 +48,24 @@ fn name_rule(rt: &ResourceType) -> NameRule {
     }
 }
 
-fn is_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-fn is_subdomain(s: &str) -> bool {
-    s.len() <= 253 && s.split('.').all(is_label)
-}
-
-fn is_dns1035(s: &str) -> bool {
-    is_label(s) && s.as_bytes()[0].is_ascii_lowercase()
-}
-
 /// Checks a name under a type's rule; `Some(message)` describes the problem.
 fn name_problem(rule: NameRule, name: &str) -> Option<String> {
     match rule {
-        NameRule::Subdomain if !is_subdomain(name) => {
+        NameRule::Subdomain if !is_dns1123_subdomain(name) => {
             if name.len() > 253 {
                 Some("must be no more than 253 characters".into())
             } else {
                 Some(DNS1123_SUBDOMAIN_MSG.into())
             }
         }
-        NameRule::Label if !is_label(name) => {
+        NameRule::Label if !is_dns1123_label(name) => {
             if name.len() > 63 {
                 Some("must be no more than 63 characters".into())
             } else {
                 Some(DNS1123_LABEL_MSG.into())
             }
         }
-        NameRule::Dns1035 if !is_dns1035(name) => {
+        NameRule::Dns1035 if !is_dns1035_label(name) => {
             if name.len() > 63 {
                 Some("must be no more than 63 characters".into())
             } else {
@@ -250,7 +221,10 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Value) -> Result<(), ApiError
             meta.insert("name".into(), json!(generated));
         }
         meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-        meta.insert("creationTimestamp".into(), json!(now_rfc3339()));
+        meta.insert(
+            "creationTimestamp".into(),
+            json!(crate::timefmt::now_rfc3339()),
+        );
         if generation {
             meta.insert("generation".into(), json!(1));
         } else {
@@ -492,7 +466,7 @@ fn qualified_name_problem(key: &str) -> Option<String> {
         None => (None, key),
     };
     if let Some(p) = prefix
-        && !is_subdomain(p)
+        && !is_dns1123_subdomain(p)
     {
         return Some(format!("prefix part {DNS1123_SUBDOMAIN_MSG}"));
     }
@@ -547,7 +521,7 @@ fn type_problems(rt: &ResourceType, obj: &Value) -> Vec<Cause> {
                                     message: format!("Duplicate value: \"{n}\""),
                                     field: format!("{path}.containers[{i}].name"),
                                 });
-                            } else if !is_label(n) {
+                            } else if !is_dns1123_label(n) {
                                 causes.push(invalid_value(
                                     &format!("{path}.containers[{i}].name"),
                                     &json!(n),
@@ -673,11 +647,7 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             set_default(spec, "replicas", json!(1));
             set_default(spec, "revisionHistoryLimit", json!(10));
             set_default(spec, "progressDeadlineSeconds", json!(600));
-            set_default(
-                spec,
-                "strategy",
-                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}}),
-            );
+            default_deployment_strategy(spec);
             default_pod_template(spec);
         }
         ("apps", "replicasets") => {
@@ -689,6 +659,29 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             default_pod_template(spec);
         }
         _ => {}
+    }
+}
+
+/// As kube-apiserver defaults it field by field, so `strategy: {}` (what kubectl's protobuf body
+/// carries) and a partial `rollingUpdate` are completed too.
+fn default_deployment_strategy(spec: &mut Value) {
+    if !spec["strategy"].is_object() {
+        spec["strategy"] = json!({});
+    }
+    let strategy = &mut spec["strategy"];
+    if strategy["type"].as_str().is_none_or(str::is_empty) {
+        strategy["type"] = json!("RollingUpdate");
+    }
+    if strategy["type"] == "RollingUpdate" {
+        if !strategy["rollingUpdate"].is_object() {
+            strategy["rollingUpdate"] = json!({});
+        }
+        set_default(
+            &mut strategy["rollingUpdate"],
+            "maxUnavailable",
+            json!("25%"),
+        );
+        set_default(&mut strategy["rollingUpdate"], "maxSurge", json!("25%"));
     }
 }
 

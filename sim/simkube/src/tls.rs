@@ -31,7 +31,7 @@ const DRAIN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// Key generation, certificate encoding or signing failed.
-    #[error("certificate generation failed: {0}")]
+    #[error("certificate generation failed")]
     Generate(#[from] rcgen::Error),
     /// The CSR could not be parsed, its signature did not verify, or it asks for something the
     /// signer refuses; the message says which.
@@ -40,11 +40,28 @@ pub enum TlsError {
     /// A certificate or key in PEM form could not be read.
     #[error("invalid PEM input: {0}")]
     Pem(String),
+    /// The PEM text could not be read.
+    #[error("reading {what}")]
+    PemRead {
+        /// The block that was being read.
+        what: String,
+        /// The reader's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CSR's PEM, DER or signature is broken.
+    #[error(
+        "could not parse or verify the PEM CERTIFICATE REQUEST; send a PKCS#10 request signed by the key it names"
+    )]
+    UnreadableCsr(#[source] rcgen::Error),
+    /// The CSR's DER does not parse.
+    #[error("could not parse the certificate signing request")]
+    MalformedCsr(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
     /// rustls refused the configuration.
-    #[error("TLS configuration rejected: {0}")]
+    #[error("TLS configuration rejected")]
     Config(#[from] rustls::Error),
     /// The client-certificate verifier could not be built from the CA.
-    #[error("client certificate verifier: {0}")]
+    #[error("client certificate verifier")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
@@ -201,20 +218,14 @@ impl CertAuthority {
         expiration_seconds: Option<u32>,
         signing_duration: Duration,
     ) -> Result<String, TlsError> {
-        let request = CertificateSigningRequestParams::from_pem(csr_pem).map_err(|e| {
-            TlsError::InvalidCsr(format!(
-                "could not parse or verify the PEM CERTIFICATE REQUEST ({e}); send a PKCS#10 request \
-                 signed by the key it names"
-            ))
-        })?;
+        let request =
+            CertificateSigningRequestParams::from_pem(csr_pem).map_err(TlsError::UnreadableCsr)?;
         let (raw_subject, raw_spki) = {
             use x509_parser::prelude::FromDer as _;
             let der = first_pem_der(csr_pem, "CERTIFICATE REQUEST")?;
             let (_, parsed) =
                 x509_parser::certification_request::X509CertificationRequest::from_der(&der)
-                    .map_err(|e| {
-                        TlsError::InvalidCsr(format!("could not parse the request: {e}"))
-                    })?;
+                    .map_err(TlsError::MalformedCsr)?;
             let info = &parsed.certification_request_info;
             (
                 info.subject.as_raw().to_vec(),
@@ -523,7 +534,10 @@ fn first_pem_der(pem: &str, what: &str) -> Result<Vec<u8>, TlsError> {
         Ok(Some(rustls_pemfile::Item::Pkcs8Key(der))) => Ok(der.secret_pkcs8_der().to_vec()),
         Ok(Some(rustls_pemfile::Item::Csr(der))) => Ok(der.to_vec()),
         Ok(_) => Err(TlsError::Pem(format!("no {what} block found"))),
-        Err(e) => Err(TlsError::Pem(format!("reading {what}: {e}"))),
+        Err(source) => Err(TlsError::PemRead {
+            what: what.to_owned(),
+            source,
+        }),
     }
 }
 

@@ -43,7 +43,8 @@ fn seed_corpus_decodes_as_expected() {
         ("create_json", Ok(())),
         ("jsonpatch", Ok(())),
         ("list_table", Ok(())),
-        ("protobuf", Err(415)),
+        ("protobuf", Ok(())),
+        ("protobuf_configmap", Ok(())),
         ("smp", Ok(())),
         ("watch_fields", Ok(())),
     ]

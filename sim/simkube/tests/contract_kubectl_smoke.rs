@@ -1,9 +1,9 @@
 //! The everyday kubectl commands against simkube, run as the real binary with a kubeconfig file
 //! and a fresh discovery cache per test: `get` in its output forms, `create -f`, `apply`
 //! (client- and server-side), the three patch types, `label`/`annotate`, `replace`, `delete`
-//! with and without finalizers, `describe` with events, `get -w`, a CRD's whole lifecycle, and
-//! the refused imperative `create configmap`. Skipped with a message when kubectl is absent,
-//! unless `CI` is set (then it fails).
+//! with and without finalizers, `describe` with events, `get -w` and a CRD's whole lifecycle
+//! (imperative `create` has its own file, `contract_kubectl_create`). Skipped with a message
+//! when kubectl is absent, unless `CI` is set (then it fails).
 
 mod support;
 
@@ -707,40 +707,5 @@ async fn get_watch_prints_rows_for_later_changes() {
         rows.iter().any(|r| r[..2] == ["first", "2"]),
         "the update as a row:\n{stdout}"
     );
-    c.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread")]
-async fn imperative_create_is_refused_with_advice() {
-    if !kubectl_available() {
-        return;
-    }
-    let c = cluster("kubectl-imperative").await;
-    let k = Kubectl::new(&c);
-    // kubectl 1.32+ encodes `create configmap` bodies as protobuf, which simkube does not
-    // decode: the 415 tells the user what works instead.
-    let err = k
-        .fails(&["create", "configmap", "imp", "--from-literal=a=b"])
-        .await;
-    assert!(
-        err.contains("the body of the request was in an unknown format"),
-        "{err}"
-    );
-    assert!(err.contains("kubectl create -f FILE"), "{err}");
-    let api: Api<ConfigMap> = Api::default_namespaced(c.client());
-    assert!(
-        api.get_opt("imp").await.expect("get").is_none(),
-        "nothing half-created"
-    );
-    let refused = c
-        .requests()
-        .into_iter()
-        .find(|r| r.method == "POST" && r.path.ends_with("/configmaps"))
-        .expect("the POST is logged");
-    assert_eq!(refused.code, 415);
-    // The manifest route works.
-    let m = k.file("imp.yaml", &configmap("imp", "default", "", "a: b"));
-    k.ok(&["create", "-f", &m]).await;
-    assert!(api.get_opt("imp").await.expect("get").is_some());
     c.shutdown().await;
 }

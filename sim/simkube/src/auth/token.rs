@@ -103,13 +103,6 @@ fn b64url_decode(text: &str) -> Result<Vec<u8>, TokenError> {
         .map_err(|_| TokenError::Malformed)
 }
 
-/// RFC 3339 (seconds, `Z`) as Kubernetes writes timestamps.
-pub(crate) fn rfc3339(unix: i64) -> String {
-    jiff::Timestamp::from_second(unix)
-        .map(|t| t.to_string())
-        .unwrap_or_default()
-}
-
 impl TokenIssuer {
     /// A fresh ES256 key and the default issuer and API audience
     /// (`https://kubernetes.default.svc.cluster.local`).
@@ -470,8 +463,8 @@ pub fn token_request_bound(
     Ok(json!({
         "kind": "TokenRequest",
         "apiVersion": "authentication.k8s.io/v1",
-        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": rfc3339(now_unix)},
+        "metadata": {"name": name, "namespace": namespace, "creationTimestamp": crate::timefmt::rfc3339(now_unix)},
         "spec": out_spec,
-        "status": {"token": token, "expirationTimestamp": rfc3339(exp)},
+        "status": {"token": token, "expirationTimestamp": crate::timefmt::rfc3339(exp)},
     }))
 }

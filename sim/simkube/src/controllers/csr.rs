@@ -57,15 +57,20 @@ pub enum CsrError {
     /// `spec.request` is not a PEM `CERTIFICATE REQUEST`.
     #[error("unable to parse csr: {0}")]
     Parse(String),
+    /// `spec.request` is not PEM.
+    #[error("unable to parse csr")]
+    Pem(#[source] x509_parser::nom::Err<x509_parser::error::PEMError>),
+    /// The PEM block is not a DER certificate request.
+    #[error("unable to parse csr")]
+    Der(#[source] x509_parser::nom::Err<x509_parser::error::X509Error>),
     /// The API server refused or failed a request.
-    #[error("csr signer: {0}")]
+    #[error("csr signer")]
     Kube(#[from] kube::Error),
 }
 
 /// Reads subject and subjectAltNames from a PEM `CERTIFICATE REQUEST`.
 pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, CsrError> {
-    let (_, pem) =
-        x509_parser::pem::parse_x509_pem(pem).map_err(|e| CsrError::Parse(e.to_string()))?;
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem).map_err(CsrError::Pem)?;
     if pem.label != "CERTIFICATE REQUEST" {
         return Err(CsrError::Parse(format!(
             "PEM block type must be CERTIFICATE REQUEST, not {}",
@@ -74,7 +79,7 @@ pub fn parse_request(pem: &[u8]) -> Result<RequestSubject, CsrError> {
     }
     let (_, csr) =
         x509_parser::certification_request::X509CertificationRequest::from_der(&pem.contents)
-            .map_err(|e| CsrError::Parse(e.to_string()))?;
+            .map_err(CsrError::Der)?;
     let subject = &csr.certification_request_info.subject;
     let text = |attr: &x509_parser::x509::AttributeTypeAndValue<'_>| {
         attr.as_str().map(str::to_owned).unwrap_or_default()
@@ -231,7 +236,7 @@ fn error_policy(
     error: &CsrError,
     _ctx: Arc<Context>,
 ) -> Action {
-    tracing::warn!(%error, "CSR signer pass failed; retrying");
+    tracing::warn!(error = %crate::error::chain(error), "CSR signer pass failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
@@ -248,7 +253,7 @@ async fn reconcile(
         Err(e) => {
             // The API server validates the request on create; a request that still does not
             // parse is left alone, as the real signer does.
-            tracing::warn!(csr = %name, error = %e, "CSR signer: unparseable request ignored");
+            tracing::warn!(csr = %name, error = %crate::error::chain(&e), "CSR signer: unparseable request ignored");
             return Ok(Action::await_change());
         }
     };
@@ -266,7 +271,7 @@ async fn reconcile(
             .and_then(|s| u32::try_from(s).ok());
         ctx.ca
             .sign_csr(&pem, &usages, expiration, ctx.signing_duration)
-            .map_err(|e| e.to_string())
+            .map_err(|e| crate::error::chain(&e))
     });
     match outcome {
         Ok(certificate) => {

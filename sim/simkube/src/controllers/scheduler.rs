@@ -693,7 +693,7 @@ impl Scheduler {
             "reason": "Unschedulable",
             "message": message,
             "lastProbeTime": null,
-            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": crate::timefmt::now_rfc3339(),
         }]}});
         match api
             .patch_status(

@@ -365,7 +365,7 @@ impl Controller {
             "status": "True",
             "reason": "DeletionByTaintManager",
             "message": "Taint manager: deleting due to NoExecute taint",
-            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string(),
+            "lastTransitionTime": crate::timefmt::now_rfc3339(),
         }]}});
         match api
             .patch_status(

@@ -60,6 +60,9 @@ pub enum KubeletClientError {
     /// The configuration (CA or client certificate) is unusable.
     #[error("kubelet client configuration: {0}")]
     Config(String),
+    /// rustls refused the protocol versions.
+    #[error("kubelet client TLS protocol versions")]
+    Protocols(#[source] rustls::Error),
     /// TCP connect failed or timed out.
     #[error("{method} \"{url}\": dial tcp {authority}: connect: {reason}")]
     Dial {
@@ -130,7 +133,7 @@ impl KubeletClient {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(|e| KubeletClientError::Config(e.to_string()))?;
+            .map_err(KubeletClientError::Protocols)?;
         let builder = match &config.ca_pem {
             Some(pem) => {
                 let mut roots = rustls::RootCertStore::empty();
