@@ -59,6 +59,27 @@ fn merge_patch_follows_rfc7386_and_the_go_pruning_quirks() {
     assert_eq!(t, json!({"a": 1}));
 }
 
+/// Whether `v` has, inside some array, an object with a `null` member.
+fn null_member_inside_array(v: &Value, in_array: bool) -> bool {
+    match v {
+        Value::Array(items) => items.iter().any(|i| null_member_inside_array(i, true)),
+        Value::Object(m) => m
+            .values()
+            .any(|x| (in_array && x.is_null()) || null_member_inside_array(x, in_array)),
+        _ => false,
+    }
+}
+
+#[test]
+fn an_object_replaced_by_an_array_keeps_its_nulls_once() {
+    let patch = json!({"b": [{"a": null}]});
+    let mut t = json!({"b": {}});
+    merge_patch(&mut t, &patch);
+    assert_eq!(t, json!({"b": [{"a": null}]}));
+    merge_patch(&mut t, &patch);
+    assert_eq!(t, json!({"b": [{}]}));
+}
+
 fn object_strategy() -> impl Strategy<Value = Value> {
     let leaf = prop_oneof![
         Just(Value::Null),
@@ -78,6 +99,10 @@ fn object_strategy() -> impl Strategy<Value = Value> {
 proptest! {
     #[test]
     fn merge_patch_is_idempotent(target in object_strategy(), patch in object_strategy()) {
+        // The Go library's quirk (an object replaced by a non-object is not pruned, the second
+        // application prunes it) breaks idempotence exactly for patches with null members
+        // inside arrays; `an_object_replaced_by_an_array_keeps_its_nulls_once` pins it.
+        prop_assume!(!null_member_inside_array(&patch, false));
         let mut once = target;
         merge_patch(&mut once, &patch);
         let mut twice = once.clone();
