@@ -5,12 +5,14 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::WatchStreamExt as _;
 use tether_api::ClusterId;
 use tether_api::authentication::Tenant;
 use tether_api::conditions::{self, types};
@@ -527,6 +529,15 @@ async fn write_and_wait(
         "waiting for the provider {provider_id} to authenticate this cluster"
     ));
     let mut last: Vec<String> = Vec::new();
+    // Every change of the ForeignCluster wakes the loop at once; the poll is only a fallback.
+    let mut changes = kube::runtime::watcher(
+        fcs.clone(),
+        kube::runtime::watcher::Config::default()
+            .fields(&format!("metadata.name={provider_id}")),
+    )
+    // A failing watch must not spin the loop: back off between its errors.
+    .default_backoff()
+    .boxed();
     loop {
         let fc = fcs
             .get_opt(provider_id.as_str())
@@ -562,7 +573,7 @@ async fn write_and_wait(
                 last.join("; ")
             )));
         }
-        tokio::time::sleep(POLL).await;
+        let _ = tokio::time::timeout(POLL, changes.next()).await;
     }
 }
 
