@@ -34,6 +34,19 @@ pub mod labels {
     pub const MANAGED_BY_VALUE: &str = "tether";
     /// The standard part-of label, `tether` on everything `tether install` creates.
     pub const PART_OF: &str = "app.kubernetes.io/part-of";
+    /// [`COMPONENT`] of gateway pods (one Deployment per peer, in its tenant namespace).
+    pub const COMPONENT_GATEWAY: &str = "gateway";
+    /// [`COMPONENT`] of the fabric DaemonSet's pods.
+    pub const COMPONENT_FABRIC: &str = "fabric";
+
+    /// The labels of an object the controller creates for itself: part of Tether, managed by
+    /// Tether.
+    pub fn managed() -> std::collections::BTreeMap<String, String> {
+        std::collections::BTreeMap::from([
+            (PART_OF.to_owned(), MANAGED_BY_VALUE.to_owned()),
+            (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
+        ])
+    }
 }
 
 /// Annotations.
@@ -79,6 +92,48 @@ pub mod objects {
     pub const PROVIDER_KUBECONFIG_SECRET: &str = "tether-provider-kubeconfig";
     /// The container image of every Tether daemon.
     pub const IMAGE: &str = "ghcr.io/tether-dev/tetherd";
+    /// In each tenant namespace: the GatewayServer or GatewayClient, its Deployment, Service,
+    /// ServiceAccount and RoleBinding, and the Connection the gateway reports on. Also the
+    /// ClusterRole that binding and the gateway's node-reading ClusterRoleBinding name.
+    pub const GATEWAY: &str = "tether-gateway";
+    /// In each tenant namespace: the gateway's WireGuard key pair (keys in [`super::gateway_key`]).
+    pub const GATEWAY_KEY_SECRET: &str = "tether-gateway-key";
+    /// The fabric DaemonSet, its ServiceAccount and ClusterRole(Binding), in [`super::SYSTEM_NAMESPACE`].
+    pub const FABRIC: &str = "tether-fabric";
+    /// ConfigMap with this cluster's own CIDRs (keys in [`super::network`]), written by
+    /// `tether install`.
+    pub const NETWORK_CONFIGMAP: &str = "tether-network";
+}
+
+/// Keys of the gateway key Secret.
+pub mod gateway_key {
+    /// The WireGuard private key, base64 (never leaves the cluster).
+    pub const PRIVATE_KEY: &str = "privateKey";
+    /// The WireGuard public key, base64.
+    pub const PUBLIC_KEY: &str = "publicKey";
+}
+
+/// Keys of the network ConfigMap: comma-separated IPv4 CIDRs.
+pub mod network {
+    /// The cluster's pod CIDRs.
+    pub const POD_CIDRS: &str = "podCIDRs";
+    /// The cluster's Service CIDRs.
+    pub const SERVICE_CIDRS: &str = "serviceCIDRs";
+    /// The external CIDR peers use to reach addresses outside this cluster's pods.
+    pub const EXTERNAL_CIDR: &str = "externalCIDR";
+}
+
+/// The fabric overlay between every node and the gateway pods: one VXLAN device in each node's
+/// and each gateway pod's network namespace.
+pub mod fabric {
+    /// Name of the VXLAN device.
+    pub const DEVICE: &str = "tether-fabric";
+    /// VXLAN network identifier.
+    pub const VNI: u32 = 7700;
+    /// UDP port of the VXLAN underlay (IANA's).
+    pub const PORT: u16 = 4789;
+    /// Bytes VXLAN adds to an inner packet over IPv4 (20 IP + 8 UDP + 8 VXLAN + 14 Ethernet).
+    pub const OVERHEAD: u32 = 50;
 }
 
 /// Keys of the public identity ConfigMap.

@@ -165,6 +165,11 @@ pub struct GatewayServerSpec {
     pub mtu: Option<u32>,
     /// How the server is exposed.
     pub endpoint: ServerEndpointSpec,
+    /// The client's WireGuard public key, base64; the server accepts no other peer. Absent
+    /// until the client's key exists.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[A-Za-z0-9+/]{43}=$"))]
+    pub client_public_key: Option<String>,
     /// Secret holding the gateway's WireGuard private key; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalObjectRef>,
@@ -390,6 +395,10 @@ pub struct ConnectionStatus {
     /// When the last WireGuard handshake completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_handshake: Option<Time>,
+    /// The tunnel MTU the gateway uses; nodes route the remote CIDRs with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 9000))]
+    pub mtu: Option<u32>,
     /// Conditions explaining the state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

@@ -150,6 +150,40 @@ pub fn consumer_token_secret_name(token: &PeeringToken) -> String {
     )
 }
 
+/// The provider's Secret for `token`: only its hash, its expiry (whole seconds, RFC 3339) and
+/// an optional description, labelled so the controller and `tether token list` find it.
+pub fn token_secret(
+    token: &PeeringToken,
+    expires: k8s_openapi::jiff::Timestamp,
+    description: Option<&str>,
+) -> k8s_openapi::api::core::v1::Secret {
+    use std::collections::BTreeMap;
+
+    use crate::names::{SYSTEM_NAMESPACE, annotations, labels};
+    let whole = k8s_openapi::jiff::Timestamp::from_second(expires.as_second()).unwrap_or(expires);
+    let mut notes = BTreeMap::from([(annotations::TOKEN_EXPIRES.to_owned(), whole.to_string())]);
+    if let Some(d) = description.filter(|d| !d.is_empty()) {
+        notes.insert(annotations::TOKEN_DESCRIPTION.to_owned(), d.to_owned());
+    }
+    let mut secret_labels = BTreeMap::from([(labels::PEERING_TOKEN.to_owned(), "true".to_owned())]);
+    secret_labels.insert(labels::PART_OF.to_owned(), labels::MANAGED_BY_VALUE.to_owned());
+    k8s_openapi::api::core::v1::Secret {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(token.secret_name()),
+            namespace: Some(SYSTEM_NAMESPACE.to_owned()),
+            labels: Some(secret_labels),
+            annotations: Some(notes),
+            ..Default::default()
+        },
+        type_: Some("Opaque".to_owned()),
+        data: Some(BTreeMap::from([(
+            TOKEN_HASH_KEY.to_owned(),
+            k8s_openapi::ByteString(token.hash().into_bytes()),
+        )])),
+        ..Default::default()
+    }
+}
+
 /// `sha256:<hex>` of a DER certificate, as `--ca-fingerprint` expects it.
 pub fn fingerprint(der: &[u8]) -> String {
     format!(

@@ -1,52 +1,22 @@
 //! Peering tokens on the provider: the token Secret (only the hash is stored), `tether token
 //! list` rows, creation and revocation.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde::Serialize;
 use tether_api::ClusterId;
 use tether_api::names::{SYSTEM_NAMESPACE, annotations, labels};
-use tether_api::peering::{self, PeeringToken, TOKEN_HASH_KEY};
+use tether_api::peering::{self, PeeringToken};
 
 use crate::error::{Error, Result, is_not_found};
 use crate::text;
 
-/// The provider-side Secret for `token`: its hash, expiry and description.
-pub fn token_secret(token: &PeeringToken, expires: Timestamp, description: Option<&str>) -> Secret {
-    let mut annotations_map =
-        BTreeMap::from([(annotations::TOKEN_EXPIRES.to_owned(), rfc3339(expires))]);
-    if let Some(d) = description.filter(|d| !d.is_empty()) {
-        annotations_map.insert(annotations::TOKEN_DESCRIPTION.to_owned(), d.to_owned());
-    }
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(token.secret_name()),
-            namespace: Some(SYSTEM_NAMESPACE.to_owned()),
-            labels: Some(BTreeMap::from([
-                (labels::PEERING_TOKEN.to_owned(), "true".to_owned()),
-                (
-                    labels::PART_OF.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-            ])),
-            annotations: Some(annotations_map),
-            ..Default::default()
-        },
-        type_: Some("Opaque".to_owned()),
-        data: Some(BTreeMap::from([(
-            TOKEN_HASH_KEY.to_owned(),
-            ByteString(token.hash().into_bytes()),
-        )])),
-        ..Default::default()
-    }
-}
+/// The provider's Secret for a token (the layout lives in `tether_api::peering`).
+pub use tether_api::peering::token_secret;
 
 /// RFC 3339 in UTC, whole seconds.
 pub fn rfc3339(t: Timestamp) -> String {

@@ -190,16 +190,7 @@ fn identity_secret(cluster_id: &ClusterId, keys: &Keys) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(objects::IDENTITY_SECRET.to_owned()),
-            labels: Some(BTreeMap::from([
-                (
-                    labels::PART_OF.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-                (
-                    labels::MANAGED_BY.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-            ])),
+            labels: Some(labels::managed()),
             ..Default::default()
         },
         immutable: Some(true),

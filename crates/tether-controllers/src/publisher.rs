@@ -164,16 +164,7 @@ pub fn config_map(ctx: &Ctx, p: &Published) -> ConfigMap {
         metadata: ObjectMeta {
             name: Some(objects::PUBLIC_IDENTITY_CONFIGMAP.to_owned()),
             namespace: Some(ctx.settings.namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (
-                    labels::PART_OF.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-                (
-                    labels::MANAGED_BY.to_owned(),
-                    labels::MANAGED_BY_VALUE.to_owned(),
-                ),
-            ])),
+            labels: Some(labels::managed()),
             ..Default::default()
         },
         data: Some(data),

@@ -125,33 +125,11 @@ pub async fn delete_expired(client: &kube::Client, namespace: &str) -> Result<us
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use k8s_openapi::ByteString;
-    use kube::api::ObjectMeta;
 
     use super::*;
 
     fn secret_for(token: &PeeringToken, expires: &str) -> Secret {
-        Secret {
-            metadata: ObjectMeta {
-                name: Some(token.secret_name()),
-                labels: Some(BTreeMap::from([(
-                    labels::PEERING_TOKEN.into(),
-                    "true".into(),
-                )])),
-                annotations: Some(BTreeMap::from([(
-                    annotations::TOKEN_EXPIRES.into(),
-                    expires.into(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                TOKEN_HASH_KEY.into(),
-                ByteString(token.hash().into_bytes()),
-            )])),
-            ..Default::default()
-        }
+        tether_api::peering::token_secret(token, expires.parse().expect("time"), None)
     }
 
     #[test]

@@ -22,8 +22,8 @@ use tether_api::conditions as cond;
 use tether_api::core::{
     ForeignCluster, ForeignClusterSpec, LocalObjectRef, Modules, Phase, ProviderAccess,
 };
-use tether_api::names::{annotations, labels, objects};
-use tether_api::peering::{PeeringToken, TOKEN_HASH_KEY, TOKEN_KEY};
+use tether_api::names::objects;
+use tether_api::peering::{PeeringToken, TOKEN_KEY};
 use tether_controllers::auth::client::{AuthClient, ClientError};
 use tether_controllers::auth::csr::ClientKey;
 use tether_controllers::auth::protocol::{self, IdentityRequest, Reason};
@@ -141,31 +141,13 @@ impl Side {
     async fn new_token(&self, expires_in_secs: i64) -> PeeringToken {
         let token = PeeringToken::generate(self.id.clone());
         let expires = k8s_openapi::jiff::Timestamp::now()
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
-                expires_in_secs,
-            ))
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(expires_in_secs))
             .expect("time");
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(token.secret_name()),
-                labels: Some(BTreeMap::from([(
-                    labels::PEERING_TOKEN.into(),
-                    "true".into(),
-                )])),
-                annotations: Some(BTreeMap::from([(
-                    annotations::TOKEN_EXPIRES.into(),
-                    expires.to_string(),
-                )])),
-                ..Default::default()
-            },
-            data: Some(BTreeMap::from([(
-                TOKEN_HASH_KEY.into(),
-                ByteString(token.hash().into_bytes()),
-            )])),
-            ..Default::default()
-        };
         Api::<Secret>::namespaced(self.client(), NS)
-            .create(&PostParams::default(), &secret)
+            .create(
+                &PostParams::default(),
+                &tether_api::peering::token_secret(&token, expires, None),
+            )
             .await
             .expect("token secret");
         token

@@ -98,16 +98,7 @@ impl AuthCert {
         Secret {
             metadata: ObjectMeta {
                 name: Some(objects::AUTH_TLS_SECRET.to_owned()),
-                labels: Some(BTreeMap::from([
-                    (
-                        labels::PART_OF.to_owned(),
-                        labels::MANAGED_BY_VALUE.to_owned(),
-                    ),
-                    (
-                        labels::MANAGED_BY.to_owned(),
-                        labels::MANAGED_BY_VALUE.to_owned(),
-                    ),
-                ])),
+                labels: Some(labels::managed()),
                 ..Default::default()
             },
             type_: Some("kubernetes.io/tls".to_owned()),
