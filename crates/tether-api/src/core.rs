@@ -67,6 +67,72 @@ pub struct ForeignClusterSpec {
     /// Which peering modules are on for the direction in which this cluster is the consumer.
     #[serde(default)]
     pub modules: Modules,
+
+    /// How the networking module builds the tunnel, when it is on.
+    #[serde(default)]
+    pub networking: NetworkingOptions,
+}
+
+/// Which cluster of a peering runs the listening end of the tunnel.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum GatewayServerSide {
+    /// The provider listens and the consumer dials it (the default).
+    #[default]
+    Provider,
+    /// The consumer listens and the provider dials it, for a provider that cannot be reached
+    /// from outside (behind NAT).
+    Consumer,
+}
+
+/// Options of the networking module, set by `tether peer`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkingOptions {
+    /// Which cluster runs the gateway server.
+    #[serde(default)]
+    pub gateway_server: GatewayServerSide,
+    /// How the gateway server's Service is exposed.
+    #[serde(default)]
+    pub service_type: crate::networking::ServiceType,
+    /// UDP port of the gateway server's Service.
+    #[serde(default = "NetworkingOptions::default_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// Address the client dials instead of the one the server's Service reports (an address
+    /// mapped on a NAT, for example).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub address: Option<String>,
+    /// Port the client dials instead of the one the server's Service reports.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub dial_port: Option<u16>,
+    /// Tunnel MTU; derived from the path when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1280, max = 9000))]
+    pub mtu: Option<u32>,
+}
+
+impl NetworkingOptions {
+    /// The gateway server's default UDP port.
+    pub const DEFAULT_PORT: u16 = 51840;
+
+    fn default_port() -> u16 {
+        Self::DEFAULT_PORT
+    }
+}
+
+impl Default for NetworkingOptions {
+    fn default() -> Self {
+        Self {
+            gateway_server: GatewayServerSide::default(),
+            service_type: crate::networking::ServiceType::default(),
+            port: Self::DEFAULT_PORT,
+            address: None,
+            dial_port: None,
+            mtu: None,
+        }
+    }
 }
 
 /// Where and how to authenticate to a provider.
@@ -173,6 +239,8 @@ pub enum Phase {
     Pending,
     /// Authenticating to the provider.
     Authenticating,
+    /// Authenticated; the tunnel of the networking module is being built.
+    Connecting,
     /// Every enabled module is ready.
     Established,
     /// A module failed; the conditions say why.
@@ -183,9 +251,10 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, for metrics that report a gauge per phase.
-    pub const ALL: [Phase; 5] = [
+    pub const ALL: [Phase; 6] = [
         Self::Pending,
         Self::Authenticating,
+        Self::Connecting,
         Self::Established,
         Self::Failed,
         Self::Unpeering,
@@ -196,6 +265,7 @@ impl Phase {
         match self {
             Self::Pending => "Pending",
             Self::Authenticating => "Authenticating",
+            Self::Connecting => "Connecting",
             Self::Established => "Established",
             Self::Failed => "Failed",
             Self::Unpeering => "Unpeering",

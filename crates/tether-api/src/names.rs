@@ -96,6 +96,9 @@ pub mod objects {
     /// ServiceAccount and RoleBinding, and the Connection the gateway reports on. Also the
     /// ClusterRole that binding and the gateway's node-reading ClusterRoleBinding name.
     pub const GATEWAY: &str = "tether-gateway";
+    /// ClusterRole letting a gateway read Nodes (bound per peer by a ClusterRoleBinding
+    /// `tether-gateway-nodes-<remote>`).
+    pub const GATEWAY_NODES_ROLE: &str = "tether-gateway-nodes";
     /// In each tenant namespace: the gateway's WireGuard key pair (keys in [`super::gateway_key`]).
     pub const GATEWAY_KEY_SECRET: &str = "tether-gateway-key";
     /// The fabric DaemonSet, its ServiceAccount and ClusterRole(Binding), in [`super::SYSTEM_NAMESPACE`].

@@ -73,14 +73,28 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
         ),
         rule(&[CORE], &["nodes"], READ),
         rule(&["rbac.authorization.k8s.io"], &["rolebindings"], MANAGE),
+        // Per peer, the binding that lets its gateway read Nodes.
+        rule(
+            &["rbac.authorization.k8s.io"],
+            &["clusterrolebindings"],
+            &["get", "create", "patch", "delete"],
+        ),
         named(
             &["rbac.authorization.k8s.io"],
             &["clusterroles"],
             &[
                 crate::names::objects::TENANT_ROLE,
                 crate::names::objects::CONTROLLER_TENANT_ROLE,
+                crate::names::objects::GATEWAY,
+                crate::names::objects::GATEWAY_NODES_ROLE,
             ],
             &["bind"],
+        ),
+        // The networking reconcilers watch these in every tenant namespace.
+        rule(
+            &[NETWORKING],
+            &["configurations", "gatewayservers", "gatewayclients"],
+            READ,
         ),
         rule(
             &["certificates.k8s.io"],
@@ -134,7 +148,11 @@ pub fn controller_apiserver_rules() -> Vec<PolicyRule> {
 /// The controller's rules inside each tenant namespace (ClusterRole
 /// `tether-controller-tenant`, bound per namespace by the controller).
 pub fn controller_tenant_rules() -> Vec<PolicyRule> {
-    let mut rules = vec![rule(&[CORE], &["secrets"], MANAGE)];
+    let mut rules = vec![
+        rule(&[CORE], &["secrets", "services", "serviceaccounts"], MANAGE),
+        rule(&["apps"], &["deployments"], MANAGE),
+        rule(&[CORE], &["pods"], READ),
+    ];
     for (group, kinds) in tenant_kinds() {
         rules.push(rule(&[group], kinds, MANAGE));
         let status: Vec<String> = kinds.iter().map(|k| format!("{k}/status")).collect();
@@ -142,6 +160,40 @@ pub fn controller_tenant_rules() -> Vec<PolicyRule> {
         rules.push(rule(&[group], &status, &["get", "update", "patch"]));
     }
     rules
+}
+
+/// What a gateway may do in its tenant namespace (ClusterRole `tether-gateway`, bound per
+/// namespace): read its own configuration and key, and report on its Connection.
+pub fn gateway_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &[NETWORKING],
+            &["gatewayservers", "gatewayclients", "configurations"],
+            READ,
+        ),
+        named(
+            &[CORE],
+            &["secrets"],
+            &[crate::names::objects::GATEWAY_KEY_SECRET],
+            &["get"],
+        ),
+        rule(
+            &[NETWORKING],
+            &["connections"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
+        rule(
+            &[NETWORKING],
+            &["connections/status"],
+            &["get", "update", "patch"],
+        ),
+    ]
+}
+
+/// What a gateway may read cluster-wide (ClusterRole `tether-gateway-nodes`): the Nodes,
+/// which are the other ends of its fabric.
+pub fn gateway_node_rules() -> Vec<PolicyRule> {
+    vec![rule(&[CORE], &["nodes"], READ)]
 }
 
 /// What a consumer's identity may do in its tenant namespace on the provider (ClusterRole

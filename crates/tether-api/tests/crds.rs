@@ -211,6 +211,7 @@ fn foreign_cluster_columns_and_validation() {
         [
             "Pending",
             "Authenticating",
+            "Connecting",
             "Established",
             "Failed",
             "Unpeering"

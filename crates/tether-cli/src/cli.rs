@@ -97,6 +97,13 @@ pub struct InstallArgs {
     /// Lifetime of the identities this cluster issues to consumers (at least 10m) [default: 24h]
     #[arg(long, value_name = "DURATION")]
     pub identity_lifetime: Option<String>,
+    /// This cluster's pod CIDR [default: the stored one, else detected from the
+    /// `kube-system/kubeadm-config` ConfigMap]
+    #[arg(long, value_name = "CIDR")]
+    pub pod_cidr: Option<String>,
+    /// This cluster's Service CIDR [default: as for --pod-cidr]
+    #[arg(long, value_name = "CIDR")]
+    pub service_cidr: Option<String>,
     /// How long to wait for the controller.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     pub timeout: String,
@@ -144,17 +151,55 @@ pub struct PeerArgs {
     /// The provider's authentication certificate fingerprint, `sha256:<64 hex digits>`.
     #[arg(long, value_name = "FINGERPRINT", requires = "auth_url")]
     pub ca_fingerprint: Option<String>,
-    /// Peering modules to turn on (comma-separated). This release has `authentication`.
+    /// Peering modules to turn on (comma-separated): `authentication` and `networking`.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "authentication",
+        default_value = "authentication,networking",
         value_name = "LIST"
     )]
     pub modules: Vec<String>,
+    /// Which cluster runs the listening end of the tunnel.
+    #[arg(long, value_enum, default_value_t = GatewaySide::Provider, value_name = "SIDE")]
+    pub gateway_server: GatewaySide,
+    /// How the gateway server's Service is exposed.
+    #[arg(long, value_enum, default_value_t = GatewayServiceType::LoadBalancer, value_name = "TYPE")]
+    pub gateway_service_type: GatewayServiceType,
+    /// Address the gateway client dials instead of the server Service's (an address mapped
+    /// on a NAT, for example).
+    #[arg(long, value_name = "ADDRESS")]
+    pub gateway_address: Option<String>,
+    /// Port the gateway client dials instead of the server Service's.
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub gateway_port: Option<u16>,
+    /// Tunnel MTU [default: derived from the path]
+    #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1280..=9000))]
+    pub mtu: Option<u32>,
     /// How long to wait for the peering.
     #[arg(long, default_value = "2m", value_name = "DURATION")]
     pub timeout: String,
+}
+
+/// Which cluster listens for the tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GatewaySide {
+    /// The provider listens; the consumer dials it.
+    #[value(name = "provider")]
+    Provider,
+    /// The consumer listens; the provider dials it (a provider behind NAT).
+    #[value(name = "consumer")]
+    Consumer,
+}
+
+/// How the gateway server's Service is exposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GatewayServiceType {
+    /// A load-balancer address (needs a load-balancer implementation).
+    #[value(name = "LoadBalancer")]
+    LoadBalancer,
+    /// A port on every node.
+    #[value(name = "NodePort")]
+    NodePort,
 }
 
 /// `tether unpeer`.

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
@@ -13,11 +13,11 @@ use kube::api::{
 };
 use tether_api::ClusterId;
 use tether_api::core::ForeignCluster;
-use tether_api::names::{SYSTEM_NAMESPACE, TENANT_NAMESPACE_PREFIX, labels, objects};
+use tether_api::names::{SYSTEM_NAMESPACE, TENANT_NAMESPACE_PREFIX, labels, network, objects};
 
 use crate::cluster::{self, Conn, PublicIdentity};
 use crate::error::{Error, Result, is_not_found};
-use crate::manifests::{self, Manifest, each_manifest};
+use crate::manifests::{self, Manifest, NetworkCidrs, each_manifest};
 use crate::progress::Progress;
 
 /// The field manager of everything the CLI applies.
@@ -55,6 +55,125 @@ pub async fn resolve_cluster_id(
         (Some(req), None) => Ok((req.clone(), IdSource::Flag)),
         (None, None) => Ok((ClusterId::generate(), IdSource::Generated)),
     }
+}
+
+/// Where the network CIDRs came from, for the progress line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetworkSource {
+    /// `--pod-cidr`/`--service-cidr`.
+    Flags,
+    /// The `tether-network` ConfigMap of an earlier install.
+    Stored,
+    /// The `kube-system/kubeadm-config` ConfigMap.
+    Kubeadm,
+}
+
+/// Checks one CIDR flag: an IPv4 network without host bits.
+pub fn check_cidr(flag: &str, text: &str) -> Result<String> {
+    let net: ipnet::Ipv4Net = text.trim().parse().map_err(|_| {
+        Error::Usage(format!(
+            "--{flag} {text:?} is not an IPv4 CIDR such as 10.244.0.0/16"
+        ))
+    })?;
+    if net.trunc() != net {
+        return Err(Error::Usage(format!(
+            "--{flag} {text} has host bits set; did you mean {}?",
+            net.trunc()
+        )));
+    }
+    Ok(net.to_string())
+}
+
+/// The cluster's CIDRs: the flags, else what an earlier install stored, else what kubeadm
+/// recorded. Fails, saying which flag to pass, when none of them knows.
+pub async fn resolve_network(
+    client: &kube::Client,
+    pod_flag: Option<String>,
+    service_flag: Option<String>,
+) -> Result<(NetworkCidrs, NetworkSource)> {
+    let stored = Api::<ConfigMap>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .get_opt(objects::NETWORK_CONFIGMAP)
+        .await
+        .map_err(Error::api(format!(
+            "reading ConfigMap {SYSTEM_NAMESPACE}/{}",
+            objects::NETWORK_CONFIGMAP
+        )))?
+        .and_then(|cm| cm.data)
+        .map(|d| {
+            let list = |k: &str| -> Vec<String> {
+                d.get(k)
+                    .map(|v| {
+                        v.split(',')
+                            .map(str::trim)
+                            .filter(|s| !s.is_empty())
+                            .map(str::to_owned)
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            (list(network::POD_CIDRS), list(network::SERVICE_CIDRS))
+        });
+    let kubeadm = match &stored {
+        Some((pod, _)) if !pod.is_empty() => None,
+        _ => kubeadm_networking(client).await?,
+    };
+    let (known_pod, known_service, source) = match (stored, kubeadm) {
+        (Some((pod, service)), _) if !pod.is_empty() => (pod, service, NetworkSource::Stored),
+        (_, Some((pod, service))) => (pod, service, NetworkSource::Kubeadm),
+        _ => (Vec::new(), Vec::new(), NetworkSource::Flags),
+    };
+    let source = if pod_flag.is_some() {
+        NetworkSource::Flags
+    } else {
+        source
+    };
+    let pod = pod_flag.map(|p| vec![p]).unwrap_or(known_pod);
+    let service = service_flag.map(|s| vec![s]).unwrap_or(known_service);
+    if pod.is_empty() {
+        return Err(Error::Check(
+            "cannot tell this cluster's pod CIDR (no kube-system/kubeadm-config ConfigMap and no              earlier install): pass --pod-cidr, e.g. --pod-cidr 10.244.0.0/16 (and --service-cidr)"
+                .to_owned(),
+        ));
+    }
+    Ok((NetworkCidrs { pod, service }, source))
+}
+
+/// `networking.podSubnet` and `serviceSubnet` of kubeadm's ClusterConfiguration, if the
+/// cluster has one.
+async fn kubeadm_networking(client: &kube::Client) -> Result<Option<(Vec<String>, Vec<String>)>> {
+    let cm = match Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .get_opt("kubeadm-config")
+        .await
+    {
+        Ok(cm) => cm,
+        // Not everyone may read kube-system; then there is nothing to detect.
+        Err(kube::Error::Api(e)) if e.code == 403 => None,
+        Err(e) => return Err(Error::api("reading kube-system/kubeadm-config")(e)),
+    };
+    let Some(text) = cm.and_then(|c| c.data?.get("ClusterConfiguration").cloned()) else {
+        return Ok(None);
+    };
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).map_err(|e| {
+        Error::Check(format!(
+            "kube-system/kubeadm-config holds an unreadable ClusterConfiguration: {e}"
+        ))
+    })?;
+    let list = |key: &str| -> Vec<String> {
+        doc.get("networking")
+            .and_then(|n| n.get(key))
+            .and_then(serde_yaml::Value::as_str)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    // The networking module is IPv4; a dual-stack cluster lists IPv6 too.
+                    .filter(|s| !s.is_empty() && !s.contains(':'))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let pod = list("podSubnet");
+    Ok((!pod.is_empty()).then(|| (pod, list("serviceSubnet"))))
 }
 
 /// One applied object.

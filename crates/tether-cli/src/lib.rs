@@ -191,6 +191,18 @@ fn install_options(args: &InstallArgs, cluster_id: ClusterId) -> Result<InstallO
         }
         opts.identity_lifetime = Some(text::format_duration_one_unit(d));
     }
+    if let Some(pod) = &args.pod_cidr {
+        opts.network = Some(manifests::NetworkCidrs {
+            pod: vec![install::check_cidr("pod-cidr", pod)?],
+            service: args
+                .service_cidr
+                .iter()
+                .map(|s| install::check_cidr("service-cidr", s))
+                .collect::<Result<_>>()?,
+        });
+    } else if let Some(s) = &args.service_cidr {
+        install::check_cidr("service-cidr", s)?;
+    }
     Ok(opts)
 }
 
@@ -206,7 +218,16 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
     if args.dry_run
         && let Some(id) = &requested
     {
-        print_manifests(&install_options(&args, id.clone())?, args.output);
+        let opts = install_options(&args, id.clone())?;
+        if opts.network.is_none() {
+            eprintln!(
+                "note: without --pod-cidr the ConfigMap {}/{} is left out: `tether install` \
+                 detects the CIDRs from the cluster",
+                tether_api::names::SYSTEM_NAMESPACE,
+                tether_api::names::objects::NETWORK_CONFIGMAP
+            );
+        }
+        print_manifests(&opts, args.output);
         return Ok(());
     }
     let conn = cluster::connect(local, "local").await.map_err(|e| match e {
@@ -222,7 +243,31 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
     })?;
     let (cluster_id, source) =
         install::resolve_cluster_id(&conn.client, requested.as_ref()).await?;
-    let opts = install_options(&args, cluster_id.clone())?;
+    let mut opts = install_options(&args, cluster_id.clone())?;
+    let (network, network_source) = install::resolve_network(
+        &conn.client,
+        opts.network.as_ref().map(|n| n.pod[0].clone()),
+        opts.network
+            .as_ref()
+            .and_then(|n| n.service.first().cloned()),
+    )
+    .await?;
+    let network_note = format!(
+        "pod CIDR {}{} ({})",
+        network.pod.join(","),
+        if network.service.is_empty() {
+            String::new()
+        } else {
+            format!(", Service CIDR {}", network.service.join(","))
+        },
+        match network_source {
+            install::NetworkSource::Flags => "from the flags",
+            install::NetworkSource::Stored => "kept from the existing install",
+            install::NetworkSource::Kubeadm =>
+                "detected from kube-system/kubeadm-config; override with --pod-cidr",
+        }
+    );
+    opts.network = Some(network);
     if args.dry_run {
         print_manifests(&opts, args.output);
         return Ok(());
@@ -237,6 +282,7 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
         )),
         IdSourceNote::Flag => progress.note(format!("cluster ID {cluster_id}")),
     }
+    progress.note(network_note);
     let manifests = manifests::render(&opts);
     install::apply(&conn.client, &manifests, timeout, &mut progress).await?;
     if args.no_wait {
@@ -308,7 +354,8 @@ async fn uninstall_cmd(local: &Target, args: UninstallArgs) -> Result<()> {
 
 async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
     let timeout = parse_timeout("timeout", &args.timeout)?;
-    peer::check_modules(&args.modules)?;
+    let modules = peer::check_modules(&args.modules)?;
+    let networking = peer::networking_options(&args)?;
     let provider = match (
         &args.remote_kubeconfig,
         &args.auth_url,
@@ -329,14 +376,28 @@ async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
         }
     };
     let mut progress = Progress::new();
-    let outcome = peer::peer(local, &provider, timeout, &mut progress).await?;
+    let outcome = peer::peer(
+        local,
+        &provider,
+        &modules,
+        &networking,
+        timeout,
+        &mut progress,
+    )
+    .await?;
     drop(progress);
     match outcome {
         peer::PeerOutcome::AlreadyPeered { provider } => {
             println!("Already peered with {provider}; nothing changed.");
         }
         peer::PeerOutcome::Peered { provider } => {
-            println!("Peered with {provider}: this cluster is authenticated as its consumer.");
+            if modules.networking.enabled {
+                println!(
+                    "Peered with {provider}: this cluster is authenticated as its consumer and the tunnel is up."
+                );
+            } else {
+                println!("Peered with {provider}: this cluster is authenticated as its consumer.");
+            }
             println!("`tether status` shows the peering.");
         }
     }

@@ -23,7 +23,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use tether_api::ClusterId;
-use tether_api::names::{SYSTEM_NAMESPACE, labels, objects};
+use tether_api::names::{SYSTEM_NAMESPACE, labels, network, objects};
 use tether_api::rbac;
 
 /// The controller's admin port (`/metrics`, `/healthz`, `/readyz`).
@@ -91,6 +91,17 @@ pub struct InstallOptions {
     pub auth_url: Option<String>,
     /// `--identity-lifetime` for the controller (a duration such as `24h`).
     pub identity_lifetime: Option<String>,
+    /// The cluster's CIDRs for the `tether-network` ConfigMap; left out when unknown.
+    pub network: Option<NetworkCidrs>,
+}
+
+/// The cluster's own CIDRs, as the networking module needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkCidrs {
+    /// Pod CIDRs.
+    pub pod: Vec<String>,
+    /// Service CIDRs.
+    pub service: Vec<String>,
 }
 
 impl InstallOptions {
@@ -104,6 +115,7 @@ impl InstallOptions {
             api_server_url: None,
             auth_url: None,
             identity_lifetime: None,
+            network: None,
         }
     }
 }
@@ -216,6 +228,8 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
             rbac::controller_tenant_rules(),
         ),
         (objects::TENANT_ROLE, rbac::tenant_rules()),
+        (objects::GATEWAY, rbac::gateway_rules()),
+        (objects::GATEWAY_NODES_ROLE, rbac::gateway_node_rules()),
     ] {
         out.push(Manifest::ClusterRole(ClusterRole {
             metadata: meta(name, None),
@@ -254,6 +268,16 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         )])),
         ..Default::default()
     }));
+    if let Some(n) = &opts.network {
+        out.push(Manifest::ConfigMap(ConfigMap {
+            metadata: meta(objects::NETWORK_CONFIGMAP, Some(SYSTEM_NAMESPACE)),
+            data: Some(BTreeMap::from([
+                (network::POD_CIDRS.to_owned(), n.pod.join(",")),
+                (network::SERVICE_CIDRS.to_owned(), n.service.join(",")),
+            ])),
+            ..Default::default()
+        }));
+    }
     out.push(Manifest::Deployment(deployment(opts)));
     out.push(Manifest::Service(auth_service(opts)));
     out
@@ -317,6 +341,7 @@ fn deployment(opts: &InstallOptions) -> Deployment {
         "--admin-addr=0.0.0.0:9090",
         "--log-format=json",
     ]);
+    args.push(format!("--gateway-image={}", opts.image));
     if let Some(url) = &opts.api_server_url {
         args.push(format!("--api-server-url={url}"));
     }

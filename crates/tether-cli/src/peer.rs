@@ -17,9 +17,11 @@ use tether_api::ClusterId;
 use tether_api::authentication::Tenant;
 use tether_api::conditions::{self, types};
 use tether_api::core::{
-    ForeignCluster, ForeignClusterSpec, LocalObjectRef, ModuleSpec, Modules, Phase, ProviderAccess,
+    ForeignCluster, ForeignClusterSpec, GatewayServerSide, LocalObjectRef, ModuleSpec, Modules,
+    NetworkingOptions, Phase, ProviderAccess,
 };
 use tether_api::names::{self, SYSTEM_NAMESPACE, labels, objects};
+use tether_api::networking::ServiceType;
 use tether_api::peering::{self, PeeringToken};
 
 use crate::cluster::{self, Conn, Target};
@@ -31,9 +33,9 @@ use crate::tokens;
 const POLL: Duration = Duration::from_millis(250);
 
 /// The modules this release can turn on.
-pub const AVAILABLE_MODULES: &[&str] = &["authentication"];
+pub const AVAILABLE_MODULES: &[&str] = &["authentication", "networking"];
 /// Modules that exist in the API but arrive in later releases.
-pub const LATER_MODULES: &[&str] = &["networking", "offloading"];
+pub const LATER_MODULES: &[&str] = &["offloading"];
 
 /// How `tether peer` reaches the provider.
 #[derive(Debug, Clone)]
@@ -53,29 +55,61 @@ pub enum Provider {
 }
 
 /// Checks the modules list: `authentication` is required; later modules are refused for now.
-pub fn check_modules(modules: &[String]) -> Result<()> {
-    let mut seen_auth = false;
+pub fn check_modules(modules: &[String]) -> Result<Modules> {
+    let mut out = Modules {
+        authentication: ModuleSpec { enabled: false },
+        networking: ModuleSpec { enabled: false },
+        offloading: ModuleSpec { enabled: false },
+    };
     for m in modules.iter().map(|m| m.trim()).filter(|m| !m.is_empty()) {
-        if AVAILABLE_MODULES.contains(&m) {
-            seen_auth = true;
-        } else if LATER_MODULES.contains(&m) {
-            return Err(Error::Usage(format!(
-                "the {m} module arrives in a later release of Tether; this release peers with \
-                 --modules authentication"
-            )));
-        } else {
-            return Err(Error::Usage(format!(
-                "unknown module {m:?}: the modules are authentication, networking and \
-                 offloading (this release has authentication)"
-            )));
+        match m {
+            "authentication" => out.authentication = ModuleSpec::on(),
+            "networking" => out.networking = ModuleSpec::on(),
+            _ if LATER_MODULES.contains(&m) => {
+                return Err(Error::Usage(format!(
+                    "the {m} module arrives in a later release of Tether; this release peers with \
+                     --modules authentication,networking"
+                )));
+            }
+            _ => {
+                return Err(Error::Usage(format!(
+                    "unknown module {m:?}: the modules are authentication, networking and \
+                     offloading (this release has authentication and networking)"
+                )));
+            }
         }
     }
-    if !seen_auth {
+    if !out.authentication.enabled {
         return Err(Error::Usage(
             "--modules must include authentication: every other module builds on it".to_owned(),
         ));
     }
-    Ok(())
+    Ok(out)
+}
+
+/// The networking options from the flags.
+pub fn networking_options(args: &crate::cli::PeerArgs) -> Result<NetworkingOptions> {
+    if let Some(a) = &args.gateway_address
+        && (a.trim().is_empty() || a.contains(char::is_whitespace) || a.len() > 253)
+    {
+        return Err(Error::Usage(format!(
+            "--gateway-address {a:?} is not an address or host name"
+        )));
+    }
+    Ok(NetworkingOptions {
+        gateway_server: match args.gateway_server {
+            crate::cli::GatewaySide::Provider => GatewayServerSide::Provider,
+            crate::cli::GatewaySide::Consumer => GatewayServerSide::Consumer,
+        },
+        service_type: match args.gateway_service_type {
+            crate::cli::GatewayServiceType::LoadBalancer => ServiceType::LoadBalancer,
+            crate::cli::GatewayServiceType::NodePort => ServiceType::NodePort,
+        },
+        address: args.gateway_address.clone(),
+        dial_port: args.gateway_port,
+        mtu: args.mtu,
+        ..NetworkingOptions::default()
+    })
 }
 
 /// Checks an authentication URL: `https://HOST[:PORT]`, as the ForeignCluster schema requires.
@@ -158,6 +192,7 @@ pub fn foreign_cluster(
                 networking: ModuleSpec { enabled: false },
                 offloading: ModuleSpec { enabled: false },
             },
+            networking: NetworkingOptions::default(),
         },
     );
     fc.metadata.labels = Some(BTreeMap::from([(
@@ -232,6 +267,12 @@ pub fn failure(fc: &ForeignCluster) -> Option<String> {
     })
 }
 
+fn connected(fc: &ForeignCluster) -> bool {
+    fc.status
+        .as_ref()
+        .is_some_and(|s| conditions::is_true(&s.conditions, types::NETWORKING))
+}
+
 fn authenticated(fc: &ForeignCluster) -> bool {
     fc.status
         .as_ref()
@@ -266,6 +307,8 @@ async fn check_controller_ready(conn: &Conn) -> Result<()> {
 pub async fn peer(
     local: &Target,
     provider: &Provider,
+    modules: &Modules,
+    networking: &NetworkingOptions,
     timeout: Duration,
     progress: &mut Progress,
 ) -> Result<PeerOutcome> {
@@ -350,9 +393,14 @@ pub async fn peer(
             .provider
             .as_ref()
             .is_some_and(|p| p.auth_url == auth_url && p.ca_fingerprint == fingerprint);
-        if same_access && authenticated(fc) {
+        if same_access
+            && authenticated(fc)
+            && fc.spec.modules == *modules
+            && fc.spec.networking == *networking
+            && (!modules.networking.enabled || connected(fc))
+        {
             progress.note(format!(
-                "already peered with {provider_id} (Authentication True); nothing changed"
+                "already peered with {provider_id} with these modules and options; nothing changed"
             ));
             return Ok(PeerOutcome::AlreadyPeered {
                 provider: provider_id,
@@ -369,6 +417,7 @@ pub async fn peer(
         &provider_id,
         &auth_url,
         &fingerprint,
+        (modules, networking),
         existing.is_none(),
         deadline,
         &mut cleanup,
@@ -471,6 +520,7 @@ async fn write_and_wait(
     provider_id: &ClusterId,
     auth_url: &str,
     fingerprint: &str,
+    (modules, networking): (&Modules, &NetworkingOptions),
     fc_is_new: bool,
     deadline: Instant,
     cleanup: &mut Cleanup,
@@ -509,7 +559,9 @@ async fn write_and_wait(
         .map_err(Error::api(format!(
             "writing Secret {SYSTEM_NAMESPACE}/{secret_name}"
         )))?;
-    let fc = foreign_cluster(provider_id, auth_url, fingerprint, &token);
+    let mut fc = foreign_cluster(provider_id, auth_url, fingerprint, &token);
+    fc.spec.modules = modules.clone();
+    fc.spec.networking = networking.clone();
     let fcs: Api<ForeignCluster> = Api::all(consumer.client.clone());
     if fc_is_new {
         cleanup.foreign_cluster = Some(provider_id.to_string());
@@ -529,6 +581,7 @@ async fn write_and_wait(
         "waiting for the provider {provider_id} to authenticate this cluster"
     ));
     let mut last: Vec<String> = Vec::new();
+    let mut tunnel_phase = false;
     // Every change of the ForeignCluster wakes the loop at once; the poll is only a fallback.
     let mut changes = kube::runtime::watcher(
         fcs.clone(),
@@ -554,8 +607,22 @@ async fn write_and_wait(
             progress.note(line);
         }
         last = summary;
-        if authenticated(&fc) {
-            progress.done(format!("peered with {provider_id}: Authentication True"));
+        if authenticated(&fc) && !tunnel_phase {
+            progress.done(format!("authenticated to {provider_id}"));
+            if !modules.networking.enabled {
+                return Ok(());
+            }
+            tunnel_phase = true;
+            progress.phase(format!(
+                "building the tunnel to {provider_id} (gateway server on the {})",
+                match networking.gateway_server {
+                    GatewayServerSide::Provider => "provider",
+                    GatewayServerSide::Consumer => "consumer",
+                }
+            ));
+        }
+        if tunnel_phase && connected(&fc) {
+            progress.done(format!("tunnel to {provider_id} up"));
             return Ok(());
         }
         if let Some(why) = failure(&fc) {

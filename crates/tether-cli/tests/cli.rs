@@ -86,7 +86,7 @@ async fn usage_errors_exit_2_and_name_the_problem() {
                 "--ca-fingerprint",
                 FP,
                 "--modules",
-                "authentication,networking",
+                "authentication,offloading",
             ],
             "later release",
         ),
@@ -166,16 +166,23 @@ async fn dry_run_with_a_cluster_id_needs_no_cluster() {
         "--dry-run",
         "--cluster-id",
         "west-1",
+        "--pod-cidr",
+        "10.244.0.0/16",
     ])
     .await;
     run.assert_code(0);
     assert_eq!(
         run.stdout.matches("\n---\n").count() + 1,
-        23,
+        26,
         "{}",
         run.stdout
     );
     assert!(run.stdout.contains("clusterID: west-1"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("podCIDRs: 10.244.0.0/16"),
+        "{}",
+        run.stdout
+    );
     // Without --cluster-id the stored ID must be read, so the cluster must answer.
     let run = tether(&[
         "--kubeconfig",

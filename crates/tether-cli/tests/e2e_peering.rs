@@ -269,6 +269,8 @@ fn peering_issues_a_confined_identity_and_unpeering_leaves_nothing() {
     let started = Instant::now();
     let run = a.tether(&[
         "peer",
+        "--modules",
+        "authentication",
         "--remote-kubeconfig",
         b.kubeconfig(),
         "--timeout",
@@ -334,7 +336,13 @@ fn peering_issues_a_confined_identity_and_unpeering_leaves_nothing() {
     // Re-running changes nothing.
     let rv = fc_field(&a, "beta", "{.metadata.resourceVersion}");
     let issued = b.jsonpath(&["tenant", "alpha"], "{.status.identitiesIssued}");
-    let again = a.tether(&["peer", "--remote-kubeconfig", b.kubeconfig()]);
+    let again = a.tether(&[
+        "peer",
+        "--modules",
+        "authentication",
+        "--remote-kubeconfig",
+        b.kubeconfig(),
+    ]);
     again.ok();
     assert!(again.stdout.contains("nothing changed"), "{}", again.stdout);
     std::thread::sleep(Duration::from_secs(2));
@@ -504,6 +512,8 @@ fn token_args(b: &Sim, extra: &[&str]) -> (String, String, String) {
 fn peer_with_token(a: &Sim, url: &str, token: &str, fingerprint: &str, timeout: &str) -> Run {
     a.tether(&[
         "peer",
+        "--modules",
+        "authentication",
         "--auth-url",
         url,
         "--token",
@@ -574,6 +584,8 @@ fn renewal_keeps_the_peering_working_across_several_certificates() {
     let (a, b) = installed_pair(&mut env, &["--cluster-signing-duration", "30"]);
     a.tether(&[
         "peer",
+        "--modules",
+        "authentication",
         "--remote-kubeconfig",
         b.kubeconfig(),
         "--timeout",
@@ -651,6 +663,8 @@ fn a_controller_killed_mid_peering_finishes_it_after_its_restart() {
             "--kubeconfig",
             a.kubeconfig(),
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             &url,
             "--token",

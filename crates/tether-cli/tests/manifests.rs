@@ -34,6 +34,8 @@ fn objects_come_in_dependency_order() {
         ClusterRole tether-controller
         ClusterRole tether-controller-tenant
         ClusterRole tether-tenant
+        ClusterRole tether-gateway
+        ClusterRole tether-gateway-nodes
         ClusterRoleBinding tether-controller
         Role tether-system/tether-controller
         Role default/tether-controller-apiserver
@@ -121,6 +123,7 @@ fn flags_change_the_service_type_replicas_image_and_controller_args() {
             "--auth-listen=0.0.0.0:8443",
             "--admin-addr=0.0.0.0:9090",
             "--log-format=json",
+            "--gateway-image=registry.example/tetherd@sha256:0123",
             "--api-server-url=https://203.0.113.10:6443",
             "--auth-url=https://203.0.113.10:30443",
             "--identity-lifetime=1h",
@@ -147,7 +150,7 @@ fn rendering_is_deterministic() {
     let json: serde_json::Value =
         serde_json::from_str(&manifests::to_json(&manifests::render(&options()))).expect("json");
     assert_eq!(json["kind"], "List");
-    assert_eq!(json["items"].as_array().map(Vec::len), Some(23));
+    assert_eq!(json["items"].as_array().map(Vec::len), Some(25));
 }
 
 /// The whole of what Tether's roles allow. A change here is a change of the controller's
@@ -171,7 +174,7 @@ fn no_role_has_a_wildcard() {
             rule.verbs.push("*".to_owned());
         }
     }
-    assert_eq!(manifests::wildcards(&tampered).len(), 3);
+    assert_eq!(manifests::wildcards(&tampered).len(), 5);
 }
 
 /// The controller's arguments as `tetherd controller` parses them: the shared admin and log
@@ -192,6 +195,8 @@ fn the_controller_arguments_parse_with_the_daemons_flag_types() {
         api_server_url: Option<String>,
         #[arg(long)]
         auth_url: Option<String>,
+        #[arg(long)]
+        gateway_image: String,
     }
     let mut opts = options();
     opts.identity_lifetime = Some(tether_cli::text::format_duration_one_unit(

@@ -75,7 +75,13 @@ async fn checks_refuse_before_anything_is_written() {
 
     // The same cluster twice.
     consumer
-        .tether(&["peer", "--remote-kubeconfig", consumer.kubeconfig()])
+        .tether(&[
+            "peer",
+            "--modules",
+            "authentication",
+            "--remote-kubeconfig",
+            consumer.kubeconfig(),
+        ])
         .await
         .assert_fails(2, &["cannot peer cluster west-1 with itself"]);
     // Token form naming this cluster, with its own fingerprint.
@@ -83,6 +89,8 @@ async fn checks_refuse_before_anything_is_written() {
     consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             "https://west-1.example:443",
             "--token",
@@ -96,6 +104,8 @@ async fn checks_refuse_before_anything_is_written() {
     consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             "https://other.example:443",
             "--token",
@@ -110,13 +120,21 @@ async fn checks_refuse_before_anything_is_written() {
         );
     // An unreachable provider kubeconfig.
     consumer
-        .tether(&["peer", "--remote-kubeconfig", gone])
+        .tether(&[
+            "peer",
+            "--modules",
+            "authentication",
+            "--remote-kubeconfig",
+            gone,
+        ])
         .await
         .assert_fails(3, &["cannot reach the remote cluster's API server"]);
     // Malformed input.
     consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             "https://east-1.example:443",
             "--token",
@@ -129,6 +147,8 @@ async fn checks_refuse_before_anything_is_written() {
     consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             "https://east-1.example:443",
             "--token",
@@ -145,7 +165,13 @@ async fn checks_refuse_before_anything_is_written() {
     twin.install("west-1").await;
     twin.fake_controller_ready("west-1").await;
     consumer
-        .tether(&["peer", "--remote-kubeconfig", twin.kubeconfig()])
+        .tether(&[
+            "peer",
+            "--modules",
+            "authentication",
+            "--remote-kubeconfig",
+            twin.kubeconfig(),
+        ])
         .await
         .assert_fails(
             4,
@@ -159,7 +185,13 @@ async fn checks_refuse_before_anything_is_written() {
     // A provider where Tether is not installed.
     let bare = Sim::start("checks-bare").await;
     consumer
-        .tether(&["peer", "--remote-kubeconfig", bare.kubeconfig()])
+        .tether(&[
+            "peer",
+            "--modules",
+            "authentication",
+            "--remote-kubeconfig",
+            bare.kubeconfig(),
+        ])
         .await
         .assert_fails(
             4,
@@ -175,6 +207,8 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
     let run = consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--remote-kubeconfig",
             provider.kubeconfig(),
             "--timeout",
@@ -242,7 +276,13 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
 
     let rv = fc.metadata.resource_version.clone();
     let again = consumer
-        .tether(&["peer", "--remote-kubeconfig", provider.kubeconfig()])
+        .tether(&[
+            "peer",
+            "--modules",
+            "authentication",
+            "--remote-kubeconfig",
+            provider.kubeconfig(),
+        ])
         .await;
     again.assert_code(0);
     assert!(
@@ -271,6 +311,8 @@ async fn a_rejected_token_fails_with_its_message_and_removes_what_the_run_create
     let run = consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--auth-url",
             "https://east-1.example:443",
             "--token",
@@ -295,6 +337,8 @@ async fn a_peering_that_never_completes_times_out_and_cleans_up_both_sides() {
     let run = consumer
         .tether(&[
             "peer",
+            "--modules",
+            "authentication",
             "--remote-kubeconfig",
             provider.kubeconfig(),
             "--timeout",

@@ -29,6 +29,8 @@ pub struct Settings {
     pub auth_url: Option<String>,
     /// How often a consumer checks its provider's API server.
     pub ping_interval: Duration,
+    /// The image of gateway Deployments.
+    pub gateway_image: String,
 }
 
 /// Facts the publisher discovers and the authentication service hands out.

@@ -17,6 +17,7 @@ use tether_api::core::{
     ForeignCluster, ForeignClusterStatus, IdentityStatus, ObjectRef, Phase, TenantNamespaces,
 };
 use tether_api::names::{self, finalizers, objects};
+use tether_api::networking::Connection;
 use tether_api::peering::TOKEN_KEY;
 
 use crate::auth::client::{AuthClient, ClientError};
@@ -24,6 +25,7 @@ use crate::auth::csr::ClientKey;
 use crate::auth::protocol::{self, IdentityRequest, RevocationRequest};
 use crate::context::{Ctx, FIELD_MANAGER};
 use crate::kubeconfig::Stored;
+use crate::network::exchange::NetOutcome;
 use crate::{Error, namespaces};
 
 pub mod status;
@@ -241,6 +243,7 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
                 fctx,
                 st,
                 AuthOutcome::fatal("ClusterIDConflict", msg),
+                None,
                 generation,
             )
             .await;
@@ -252,6 +255,7 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
                 fctx,
                 st,
                 AuthOutcome::fatal("InvalidSpec", msg),
+                None,
                 generation,
             )
             .await;
@@ -268,8 +272,9 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         return delete_foreign_cluster(fctx, &remote).await;
     }
     st.role = Some(status::role(consuming, tenant.is_some()));
+    let mut net = None;
     let outcome = if consuming {
-        match consumer_step(fc, fctx, &remote, &mut st).await {
+        match consumer_step(fc, fctx, &remote, &mut st, &mut net).await {
             Ok(o) => o,
             // Shown in the status too, so `tether peer` and `kubectl get fc` say what is wrong
             // instead of a step that seems to hang.
@@ -287,6 +292,9 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         st.identity = None;
         st.api_server_url = None;
         conditions_remove(&mut st, types::API_SERVER_REACHABLE);
+        if tenant.is_some() {
+            net = Some(served_network(fctx, &remote).await?);
+        }
         match &tenant {
             Some(t) => AuthOutcome {
                 phase: Phase::Established,
@@ -320,7 +328,29 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
             .and_then(|t| t.remote.clone())
             .filter(|_| consuming),
     });
-    finish(fc, fctx, st, outcome, generation).await
+    finish(fc, fctx, st, outcome, net, generation).await
+}
+
+/// The networking state of a peering in which the remote consumes from here: what the
+/// local gateway reports, if the consumer asked for one.
+async fn served_network(fctx: &FcCtx, remote: &ClusterId) -> Result<NetOutcome, Error> {
+    let ns = names::tenant_namespace(remote);
+    let conn = Api::<Connection>::namespaced(fctx.ctx.client.clone(), &ns)
+        .get_opt(objects::GATEWAY)
+        .await;
+    Ok(match conn {
+        Ok(c) => crate::network::exchange::connection_outcome(remote, c.as_ref()),
+        // The tenant namespace is not there yet (or not bound): nothing is running.
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => {
+            crate::network::exchange::connection_outcome(remote, None)
+        }
+        Err(e) => {
+            return Err(Error::kube(format!(
+                "reading Connection {ns}/{}",
+                objects::GATEWAY
+            ))(e));
+        }
+    })
 }
 
 /// Whether the controller created this ForeignCluster to show a tenant (the provider side),
@@ -352,7 +382,8 @@ async fn finish(
     fc: &mut ForeignCluster,
     fctx: &FcCtx,
     mut st: ForeignClusterStatus,
-    outcome: AuthOutcome,
+    mut outcome: AuthOutcome,
+    net: Option<NetOutcome>,
     generation: Option<i64>,
 ) -> Result<Action, Error> {
     let now = now_time();
@@ -365,33 +396,54 @@ async fn finish(
         generation,
         now.clone(),
     );
-    for (type_, module, enabled) in [
-        (
-            types::NETWORKING,
-            "networking",
-            fc.spec.modules.networking.enabled,
-        ),
-        (
-            types::OFFLOADING,
-            "offloading",
-            fc.spec.modules.offloading.enabled,
-        ),
-    ] {
-        let message = if enabled {
-            format!("the {module} module is not available in this version of Tether")
-        } else {
-            format!("the {module} module is off for this peering")
-        };
-        conditions::set(
-            &mut st.conditions,
-            type_,
-            Status::Unknown,
-            "ModuleDisabled",
-            message,
-            generation,
-            now.clone(),
-        );
+    match &net {
+        Some(n) => {
+            conditions::set(
+                &mut st.conditions,
+                types::NETWORKING,
+                n.status,
+                n.reason,
+                n.message.clone(),
+                generation,
+                now.clone(),
+            );
+            // A peering is established when every module it uses is.
+            if n.status != Status::True && outcome.phase == Phase::Established {
+                outcome.phase = Phase::Connecting;
+                outcome.requeue = outcome.requeue.min(Duration::from_secs(2));
+            }
+        }
+        None => {
+            let message = if fc.spec.modules.networking.enabled && fc.spec.provider.is_some() {
+                "waiting for authentication, which networking builds on".to_owned()
+            } else {
+                "the networking module is off for this peering".to_owned()
+            };
+            conditions::set(
+                &mut st.conditions,
+                types::NETWORKING,
+                Status::Unknown,
+                "ModuleDisabled",
+                message,
+                generation,
+                now.clone(),
+            );
+        }
     }
+    let message = if fc.spec.modules.offloading.enabled {
+        "the offloading module is not available in this version of Tether"
+    } else {
+        "the offloading module is off for this peering"
+    };
+    conditions::set(
+        &mut st.conditions,
+        types::OFFLOADING,
+        Status::Unknown,
+        "ModuleDisabled",
+        message,
+        generation,
+        now.clone(),
+    );
     let previous = fc.status.as_ref().and_then(|s| s.phase);
     if previous != Some(outcome.phase) {
         tracing::info!(
@@ -508,6 +560,7 @@ async fn consumer_step(
     fctx: &FcCtx,
     remote: &ClusterId,
     st: &mut ForeignClusterStatus,
+    net: &mut Option<NetOutcome>,
 ) -> Result<AuthOutcome, Error> {
     let ctx = &fctx.ctx;
     let Some(access) = fc.spec.provider.as_ref() else {
@@ -612,6 +665,9 @@ async fn consumer_step(
         });
     }
     let api_ok = ping(fctx, remote, &stored, &version, st).await;
+    if api_ok && fc.spec.modules.networking.enabled {
+        *net = Some(network_step(fctx, fc, remote, &stored, &version).await);
+    }
     let until_renewal = u64::try_from(stored.renew_at - unix_now())
         .unwrap_or(0)
         .max(1);
@@ -632,6 +688,47 @@ async fn consumer_step(
         ),
         requeue: Duration::from_secs(until_renewal).min(ctx.settings.ping_interval),
     })
+}
+
+/// One pass of the networking module with the provider's API server; its errors become the
+/// condition's message, since authentication itself is fine.
+async fn network_step(
+    fctx: &FcCtx,
+    fc: &ForeignCluster,
+    remote: &ClusterId,
+    s: &Stored,
+    version: &str,
+) -> NetOutcome {
+    let provider = match fctx
+        .clients
+        .get(remote.as_str(), version, &s.kubeconfig)
+        .await
+    {
+        Ok(c) => c,
+        Err(e) => {
+            return NetOutcome {
+                status: Status::False,
+                reason: "Error",
+                message: e,
+            };
+        }
+    };
+    match crate::network::exchange::consumer_step(
+        &fctx.ctx,
+        &provider,
+        remote,
+        &s.remote_namespace,
+        &fc.spec.networking,
+    )
+    .await
+    {
+        Ok(o) => o,
+        Err(e) => NetOutcome {
+            status: Status::False,
+            reason: "Error",
+            message: format!("{e}; retrying"),
+        },
+    }
 }
 
 fn identity_status(s: &Stored, local_ns: &str) -> IdentityStatus {

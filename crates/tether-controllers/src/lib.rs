@@ -13,6 +13,7 @@ pub mod identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod namespaces;
+pub mod network;
 pub mod publisher;
 pub mod run;
 pub mod tenant;

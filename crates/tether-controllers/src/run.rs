@@ -16,6 +16,7 @@ use kube::runtime::watcher;
 use tether_api::ClusterId;
 use tether_api::authentication::Tenant;
 use tether_api::core::{ForeignCluster, Phase};
+use tether_api::networking::{Configuration, GatewayClient, GatewayServer};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::tls::AuthCert;
@@ -23,6 +24,8 @@ use crate::context::{Ctx, Settings};
 use crate::foreign_cluster::{self, FcCtx};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
+use crate::network::configuration::{self, NetCtx};
+use crate::network::gateway;
 use crate::{Error, publisher, tenant, tokens};
 
 /// A started controller replica: identity loaded, authentication service listening,
@@ -117,6 +120,28 @@ impl Replica {
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(tenant::reconcile, tenant_error_policy, ctx.clone())
             .for_each(|_| async {});
+        let nctx = Arc::new(NetCtx::new(ctx.clone()));
+        let conf_run = Controller::new(
+            Api::<Configuration>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(configuration::reconcile, net_error_policy, nctx.clone())
+        .for_each(|_| async {});
+        let server_run = Controller::new(
+            Api::<GatewayServer>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(gateway::reconcile_server, net_error_policy, nctx.clone())
+        .for_each(|_| async {});
+        let client_run = Controller::new(
+            Api::<GatewayClient>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .graceful_shutdown_on(stop.clone().cancelled_owned())
+        .run(gateway::reconcile_client, net_error_policy, nctx.clone())
+        .for_each(|_| async {});
         let housekeeping = {
             let ctx = ctx.clone();
             let stop = stop.clone();
@@ -141,7 +166,14 @@ impl Replica {
                 }
             }
         };
-        tokio::join!(fc_run, tenant_run, housekeeping);
+        tokio::join!(
+            fc_run,
+            tenant_run,
+            conf_run,
+            server_run,
+            client_run,
+            housekeeping
+        );
         self.leader.store(false, Ordering::Relaxed);
         tracing::info!("reconcilers stopped");
     }
@@ -149,6 +181,15 @@ impl Replica {
 
 fn fc_error_policy(fc: Arc<ForeignCluster>, e: &Error, _: Arc<FcCtx>) -> Action {
     tracing::warn!(foreign_cluster = %fc.name_any(), error = %e, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn net_error_policy<K: kube::Resource<DynamicType = ()>>(
+    k: Arc<K>,
+    e: &Error,
+    _: Arc<NetCtx>,
+) -> Action {
+    tracing::warn!(kind = %K::kind(&()), name = %k.name_any(), error = %e, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(5))
 }
 

@@ -84,6 +84,7 @@ async fn ensure_foreign_cluster(ctx: &Ctx, consumer: &ClusterId) -> Result<(), E
             cluster_id: consumer.to_string(),
             provider: None,
             modules: Modules::default(),
+            networking: tether_api::core::NetworkingOptions::default(),
         },
         status: None,
     };

@@ -99,6 +99,7 @@ impl Side {
             api_server_url: Some(cluster.url()),
             auth_url: Some("https://127.0.0.1:1".into()),
             ping_interval: Duration::from_secs(2),
+            gateway_image: objects::IMAGE.into(),
         };
         let stop = CancellationToken::new();
         let id = ClusterId::new(id).expect("id");
@@ -141,7 +142,9 @@ impl Side {
     async fn new_token(&self, expires_in_secs: i64) -> PeeringToken {
         let token = PeeringToken::generate(self.id.clone());
         let expires = k8s_openapi::jiff::Timestamp::now()
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(expires_in_secs))
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+                expires_in_secs,
+            ))
             .expect("time");
         Api::<Secret>::namespaced(self.client(), NS)
             .create(
@@ -193,6 +196,7 @@ impl Side {
                     token_secret_ref: Some(LocalObjectRef { name: secret_name }),
                 }),
                 modules: Modules::default(),
+                networking: tether_api::core::NetworkingOptions::default(),
             },
             status: None,
         };

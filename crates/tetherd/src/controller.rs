@@ -50,6 +50,10 @@ pub(crate) struct ControllerArgs {
     /// How often a consumer checks its providers' API servers.
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     ping_interval: Duration,
+    /// The image of the gateway Deployments the networking module creates (normally the
+    /// controller's own; `tether install` sets it).
+    #[arg(long, env = "TETHER_GATEWAY_IMAGE", default_value = objects::IMAGE)]
+    gateway_image: String,
     /// Elect a leader through a Lease, so several replicas are safe.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     leader_election: bool,
@@ -143,6 +147,7 @@ async fn run(args: ControllerArgs, cluster_id: ClusterId) -> anyhow::Result<()> 
         api_server_url: args.api_server_url.clone(),
         auth_url: args.auth_url.clone(),
         ping_interval: args.ping_interval,
+        gateway_image: args.gateway_image.clone(),
     };
     let (replica, tasks) = tether_controllers::run::start(
         client,

@@ -86,6 +86,12 @@ impl Env {
 
     /// `simkube cluster up` with one node (plus `extra` flags).
     pub fn up(&mut self, label: &str, extra: &[&str]) -> Sim {
+        self.up_nodes(label, 1, extra)
+    }
+
+    /// `simkube cluster up` with `nodes` nodes (plus `extra` flags).
+    pub fn up_nodes(&mut self, label: &str, nodes: u8, extra: &[&str]) -> Sim {
+        let nodes = nodes.to_string();
         let name = self.name(label);
         self.clusters.push(name.clone());
         let kubeconfig = self.state.path().join(format!("{name}.kubeconfig"));
@@ -96,7 +102,7 @@ impl Env {
             "--name",
             &name,
             "--nodes",
-            "1",
+            &nodes,
             "--underlay",
             &self.underlay,
             "--kubeconfig-out",

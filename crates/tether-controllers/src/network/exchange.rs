@@ -1,0 +1,408 @@
+//! The consumer's side of the networking module: it exchanges CIDRs with its provider
+//! through the tenant namespace there, asks for the gateway at the chosen side, copies the
+//! public keys and the server's endpoint across, and reports the tunnel's state.
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use tether_api::ClusterId;
+use tether_api::conditions::Status;
+use tether_api::core::{GatewayServerSide, NetworkingOptions};
+use tether_api::names::{self, objects};
+use tether_api::networking::{
+    Configuration, Connection, ConnectionState, Endpoint, GatewayClient, GatewayServer,
+};
+
+use super::local;
+use crate::Error;
+use crate::context::Ctx;
+use crate::namespaces::peer_labels;
+
+/// The field manager of what the consumer writes in its provider's cluster.
+const CONSUMER_MANAGER: &str = "tether-consumer";
+
+/// Where the networking module stands, for the ForeignCluster's `Networking` condition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetOutcome {
+    /// True once the tunnel is connected.
+    pub status: Status,
+    /// A CamelCase reason.
+    pub reason: &'static str,
+    /// What is happening or wrong, and what to do.
+    pub message: String,
+}
+
+impl NetOutcome {
+    fn waiting(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: Status::False,
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// The API of one kind in one namespace of either cluster.
+fn api<K>(client: &kube::Client, ns: &str) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    Api::namespaced(client.clone(), ns)
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(CONSUMER_MANAGER).force()
+}
+
+/// One pass of the consumer's networking step. `provider` is a client with the identity the
+/// provider issued; `remote_ns` is this cluster's tenant namespace there.
+pub async fn consumer_step(
+    ctx: &Ctx,
+    provider: &kube::Client,
+    remote: &ClusterId,
+    remote_ns: &str,
+    options: &NetworkingOptions,
+) -> Result<NetOutcome, Error> {
+    let local = match local::load(ctx).await? {
+        Ok(l) => l,
+        Err(message) => return Ok(NetOutcome::waiting("NetworkUnknown", message)),
+    };
+    let own = ctx.cluster_id();
+    let local_ns = names::tenant_namespace(remote);
+    let ours = local.to_cluster_cidrs(own);
+
+    // 1. Our CIDRs into the provider's copy; its CIDRs come back in that copy's spec.local.
+    let there = api::<Configuration>(provider, remote_ns)
+        .patch(
+            own.as_str(),
+            &apply_params(),
+            &Patch::Apply(json!({
+                "apiVersion": "networking.tether.dev/v1alpha1",
+                "kind": "Configuration",
+                "metadata": { "name": own.as_str(), "labels": peer_labels(own) },
+                "spec": { "remote": ours },
+            })),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying Configuration {remote_ns}/{own} at {remote}"
+        )))?;
+    let Some(theirs) = there.spec.local.clone() else {
+        return Ok(NetOutcome::waiting(
+            "ExchangingCIDRs",
+            format!("waiting for {remote} to publish its CIDRs"),
+        ));
+    };
+    if let Some(problem) = refused(&there) {
+        return Ok(NetOutcome::waiting(
+            "RemapFailed",
+            format!("{remote} cannot address this cluster: {problem}"),
+        ));
+    }
+
+    // 2. Our own copy, which our Configuration reconciler remaps.
+    let here = api::<Configuration>(&ctx.client, &local_ns)
+        .patch(
+            remote.as_str(),
+            &apply_params(),
+            &Patch::Apply(json!({
+                "apiVersion": "networking.tether.dev/v1alpha1",
+                "kind": "Configuration",
+                "metadata": { "name": remote.as_str(), "labels": peer_labels(remote) },
+                "spec": { "local": ours, "remote": theirs },
+            })),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying Configuration {local_ns}/{remote}"
+        )))?;
+    if let Some(problem) = refused(&here) {
+        return Ok(NetOutcome::waiting("RemapFailed", problem));
+    }
+    if super::configuration::local_view(&here).is_none() {
+        return Ok(NetOutcome::waiting(
+            "Remapping",
+            format!("choosing how this cluster addresses {remote}'s pods"),
+        ));
+    }
+
+    // 3. The gateways.
+    let gateway = match options.gateway_server {
+        GatewayServerSide::Provider => {
+            server_there(ctx, provider, remote, remote_ns, &local_ns, options).await?
+        }
+        GatewayServerSide::Consumer => {
+            server_here(ctx, provider, remote, remote_ns, &local_ns, options).await?
+        }
+    };
+    if let Some(waiting) = gateway {
+        return Ok(waiting);
+    }
+
+    // 4. The tunnel, as our gateway sees it.
+    let conn = api::<Connection>(&ctx.client, &local_ns)
+        .get_opt(objects::GATEWAY)
+        .await
+        .map_err(Error::kube(format!(
+            "reading Connection {local_ns}/{}",
+            objects::GATEWAY
+        )))?;
+    Ok(connection_outcome(remote, conn.as_ref()))
+}
+
+/// A Configuration's `Ready=False` message, if its reconciler refused it.
+fn refused(conf: &Configuration) -> Option<String> {
+    let st = conf.status.as_ref()?;
+    let c = tether_api::conditions::find(&st.conditions, tether_api::conditions::types::READY)?;
+    (c.status == Status::False.as_str() && c.reason != "NetworkUnknown").then(|| c.message.clone())
+}
+
+/// The `Networking` condition from our gateway's Connection.
+pub fn connection_outcome(remote: &ClusterId, conn: Option<&Connection>) -> NetOutcome {
+    let Some(st) = conn.and_then(|c| c.status.as_ref()) else {
+        return NetOutcome::waiting(
+            "GatewayStarting",
+            format!("the gateway to {remote} has not reported yet"),
+        );
+    };
+    let detail = st
+        .conditions
+        .iter()
+        .find(|c| c.status != Status::True.as_str())
+        .map(|c| c.message.clone());
+    match st.value {
+        Some(ConnectionState::Connected) => NetOutcome {
+            status: Status::True,
+            reason: "Connected",
+            message: match &st.latency {
+                Some(l) => format!("the tunnel to {remote} is up (round trip {})", l.value),
+                None => format!("the tunnel to {remote} is up"),
+            },
+        },
+        Some(ConnectionState::Error) => NetOutcome::waiting(
+            "TunnelError",
+            detail.unwrap_or_else(|| format!("the tunnel to {remote} failed")),
+        ),
+        Some(ConnectionState::Connecting) | None => NetOutcome::waiting(
+            "Connecting",
+            detail.unwrap_or_else(|| format!("the tunnel to {remote} is connecting")),
+        ),
+    }
+}
+
+fn dial(options: &NetworkingOptions, published: &Endpoint) -> Endpoint {
+    Endpoint {
+        addresses: match &options.address {
+            Some(a) => vec![a.clone()],
+            None => published.addresses.clone(),
+        },
+        port: options.dial_port.unwrap_or(published.port),
+    }
+}
+
+fn server_spec(
+    own_or_remote: &ClusterId,
+    options: &NetworkingOptions,
+    client_key: Option<String>,
+) -> serde_json::Value {
+    let mut spec = json!({
+        "remoteClusterID": own_or_remote.as_str(),
+        "endpoint": { "port": options.port, "serviceType": options.service_type },
+    });
+    if let Some(mtu) = options.mtu {
+        spec["mtu"] = json!(mtu);
+    }
+    if let Some(k) = client_key {
+        spec["clientPublicKey"] = json!(k);
+    }
+    spec
+}
+
+fn client_spec(
+    remote_of_it: &ClusterId,
+    options: &NetworkingOptions,
+    endpoint: &Endpoint,
+    server_key: &str,
+) -> serde_json::Value {
+    let mut spec = json!({
+        "remoteClusterID": remote_of_it.as_str(),
+        "endpoint": endpoint,
+        "serverPublicKey": server_key,
+    });
+    if let Some(mtu) = options.mtu {
+        spec["mtu"] = json!(mtu);
+    }
+    spec
+}
+
+fn object(kind: &str, labels_for: &ClusterId, spec: serde_json::Value) -> serde_json::Value {
+    json!({
+        "apiVersion": "networking.tether.dev/v1alpha1",
+        "kind": kind,
+        "metadata": { "name": objects::GATEWAY, "labels": peer_labels(labels_for) },
+        "spec": spec,
+    })
+}
+
+/// Deletes a leftover gateway of the other kind (the side was switched).
+async fn delete_other<K>(client: &kube::Client, ns: &str) -> Result<(), Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match api::<K>(client, ns)
+        .delete(objects::GATEWAY, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!("deleting the old gateway in {ns}"))(e)),
+    }
+}
+
+/// The provider listens: its GatewayServer (through the tenant identity), our GatewayClient.
+async fn server_there(
+    ctx: &Ctx,
+    provider: &kube::Client,
+    remote: &ClusterId,
+    remote_ns: &str,
+    local_ns: &str,
+    options: &NetworkingOptions,
+) -> Result<Option<NetOutcome>, Error> {
+    let own = ctx.cluster_id();
+    delete_other::<GatewayClient>(provider, remote_ns).await?;
+    delete_other::<GatewayServer>(&ctx.client, local_ns).await?;
+    let our_client = api::<GatewayClient>(&ctx.client, local_ns)
+        .get_opt(objects::GATEWAY)
+        .await
+        .map_err(Error::kube(format!(
+            "reading GatewayClient {local_ns}/{}",
+            objects::GATEWAY
+        )))?;
+    let client_key = our_client
+        .as_ref()
+        .and_then(|c| c.status.as_ref()?.public_key.clone());
+    let server = api::<GatewayServer>(provider, remote_ns)
+        .patch(
+            objects::GATEWAY,
+            &apply_params(),
+            &Patch::Apply(object(
+                "GatewayServer",
+                own,
+                server_spec(own, options, client_key.clone()),
+            )),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying GatewayServer {remote_ns}/{} at {remote}",
+            objects::GATEWAY
+        )))?;
+    let st = server.status.clone().unwrap_or_default();
+    let (Some(endpoint), Some(server_key)) = (st.endpoint, st.public_key) else {
+        return Ok(Some(NetOutcome::waiting(
+            "GatewayServerStarting",
+            match tether_api::conditions::find(&st.conditions, tether_api::conditions::types::READY)
+            {
+                Some(c) => format!("{remote}'s gateway server: {}", c.message),
+                None => format!("waiting for {remote} to start its gateway server"),
+            },
+        )));
+    };
+    api::<GatewayClient>(&ctx.client, local_ns)
+        .patch(
+            objects::GATEWAY,
+            &apply_params(),
+            &Patch::Apply(object(
+                "GatewayClient",
+                remote,
+                client_spec(remote, options, &dial(options, &endpoint), &server_key),
+            )),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying GatewayClient {local_ns}/{}",
+            objects::GATEWAY
+        )))?;
+    if client_key.is_none() {
+        return Ok(Some(NetOutcome::waiting(
+            "GatewayClientStarting",
+            "starting this cluster's gateway client",
+        )));
+    }
+    Ok(None)
+}
+
+/// The consumer listens: our GatewayServer, the provider's GatewayClient.
+async fn server_here(
+    ctx: &Ctx,
+    provider: &kube::Client,
+    remote: &ClusterId,
+    remote_ns: &str,
+    local_ns: &str,
+    options: &NetworkingOptions,
+) -> Result<Option<NetOutcome>, Error> {
+    let own = ctx.cluster_id();
+    delete_other::<GatewayServer>(provider, remote_ns).await?;
+    delete_other::<GatewayClient>(&ctx.client, local_ns).await?;
+    let their_client = api::<GatewayClient>(provider, remote_ns)
+        .get_opt(objects::GATEWAY)
+        .await
+        .map_err(Error::kube(format!(
+            "reading GatewayClient {remote_ns}/{} at {remote}",
+            objects::GATEWAY
+        )))?;
+    let client_key = their_client
+        .as_ref()
+        .and_then(|c| c.status.as_ref()?.public_key.clone());
+    let server = api::<GatewayServer>(&ctx.client, local_ns)
+        .patch(
+            objects::GATEWAY,
+            &apply_params(),
+            &Patch::Apply(object(
+                "GatewayServer",
+                remote,
+                server_spec(remote, options, client_key.clone()),
+            )),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying GatewayServer {local_ns}/{}",
+            objects::GATEWAY
+        )))?;
+    let st = server.status.clone().unwrap_or_default();
+    let (Some(endpoint), Some(server_key)) = (st.endpoint, st.public_key) else {
+        return Ok(Some(NetOutcome::waiting(
+            "GatewayServerStarting",
+            match tether_api::conditions::find(&st.conditions, tether_api::conditions::types::READY)
+            {
+                Some(c) => format!("this cluster's gateway server: {}", c.message),
+                None => "starting this cluster's gateway server".to_owned(),
+            },
+        )));
+    };
+    api::<GatewayClient>(provider, remote_ns)
+        .patch(
+            objects::GATEWAY,
+            &apply_params(),
+            &Patch::Apply(object(
+                "GatewayClient",
+                own,
+                client_spec(own, options, &dial(options, &endpoint), &server_key),
+            )),
+        )
+        .await
+        .map_err(Error::kube(format!(
+            "applying GatewayClient {remote_ns}/{} at {remote}",
+            objects::GATEWAY
+        )))?;
+    if client_key.is_none() {
+        return Ok(Some(NetOutcome::waiting(
+            "GatewayClientStarting",
+            format!("waiting for {remote} to start its gateway client"),
+        )));
+    }
+    Ok(None)
+}
