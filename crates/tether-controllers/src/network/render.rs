@@ -163,7 +163,7 @@ impl Gateway<'_> {
                     self.namespace,
                     flag,
                     objects::GATEWAY,
-                    &format!("--admin-addr=0.0.0.0:{ADMIN_PORT}"),
+                    &format!("--metrics-addr=0.0.0.0:{ADMIN_PORT}"),
                 ]
                 .map(str::to_owned)
                 .to_vec(),
