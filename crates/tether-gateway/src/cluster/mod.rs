@@ -1,0 +1,4 @@
+//! `tetherd gateway --namespace NS`: the gateway driven by the objects the controller writes in
+//! a tenant namespace instead of a file.
+
+pub mod translate;
