@@ -103,7 +103,8 @@ mod tests {
         expect![[r#"
             172.18.0.2 [10.0.0.0/24]
             172.18.0.3 [10.0.1.0/24, 10.0.2.0/24]
-        "#]].assert_eq(&text);
+        "#]]
+        .assert_eq(&text);
         assert!(fabric_peers(&[]).is_empty());
     }
 }

@@ -2,5 +2,6 @@
 //! a tenant namespace instead of a file.
 
 pub mod fabric;
+pub mod run;
 pub mod status;
 pub mod translate;
