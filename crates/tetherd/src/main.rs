@@ -29,7 +29,7 @@ enum Command {
     /// Run the control plane of this cluster (in the cluster, as the tether-controller pod).
     Controller(Box<controller::ControllerArgs>),
     /// Run the WireGuard gateway of this cluster.
-    Gateway(GatewayArgs),
+    Gateway(Box<GatewayArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Controller(args) => controller::main(*args),
-        Command::Gateway(args) => gateway(args),
+        Command::Gateway(args) => gateway(*args),
     }
 }
 
