@@ -233,7 +233,7 @@ fn gateways_driven_by_objects_connect_carry_remapped_traffic_and_report_it() {
     let s = setup();
     let (ka, kb) = (PrivateKey::generate(), PrivateKey::generate());
     both_sides(&s, &ka, &kb, kb.public().to_string());
-    let _ga = s.start("a", NS_A, "--gateway-client");
+    let mut ga = s.start("a", NS_A, "--gateway-client");
     let mut gb = s.start("b", NS_B, "--gateway-server");
     let (ca, cb) = (s.topo.cluster("a"), s.topo.cluster("b"));
 
@@ -278,6 +278,33 @@ fn gateways_driven_by_objects_connect_carry_remapped_traffic_and_report_it() {
     let a = s.connection(NS_A).expect("a");
     assert_eq!(a.spec.type_, tether_api::networking::GatewayType::Client);
     assert_eq!(a.spec.remote_cluster_id, "b");
+
+    // The controller changes its remap of B: A applies it in the same process.
+    let new_view: ipnet::Ipv4Net = "10.73.0.0/16".parse().expect("cidr");
+    ca.route_to_gateway(new_view).expect("node route");
+    let confs: Api<Configuration> = Api::namespaced(s.client(), NS_A);
+    s.rt.block_on(confs.patch_status(
+        "b",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"remote": {"clusterID": "b", "cidr": {"pod": [new_view.to_string()]}}}})),
+    ))
+    .expect("new remap");
+    let b_pod_new = translate(cb.pod_ip(0), new_view);
+    assert_eventually!(
+        ca.pod(0).ping(IpAddr::V4(b_pod_new)).unwrap_or(false),
+        Duration::from_secs(20),
+        "A's pod cannot ping B's pod at its new address {b_pod_new}"
+    );
+    assert!(
+        ga.try_wait().expect("wait").is_none(),
+        "A's gateway process restarted"
+    );
+    assert_eventually!(
+        s.state(NS_A).0 == Some(ConnectionState::Connected),
+        Duration::from_secs(10),
+        "{:?}",
+        s.state(NS_A)
+    );
 
     // B dies: A's Connection leaves Connected within 10 s.
     gb.signal(Signal::SIGKILL).expect("kill");
