@@ -1,7 +1,7 @@
 //! What Tether's identities may do, as RBAC rules: the controller (cluster-wide, in its own
 //! namespace, and inside tenant namespaces) and a consumer's identity inside its tenant
-//! namespace on the provider. `tether install` renders these; the controller binds the
-//! tenant roles by name. No rule uses `*`.
+//! namespace on the provider, and the gateway in its tenant namespace. `tether install` renders
+//! these; the controller binds the tenant roles by name. No rule uses `*`.
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
@@ -162,40 +162,6 @@ pub fn controller_tenant_rules() -> Vec<PolicyRule> {
     rules
 }
 
-/// What a gateway may do in its tenant namespace (ClusterRole `tether-gateway`, bound per
-/// namespace): read its own configuration and key, and report on its Connection.
-pub fn gateway_rules() -> Vec<PolicyRule> {
-    vec![
-        rule(
-            &[NETWORKING],
-            &["gatewayservers", "gatewayclients", "configurations"],
-            READ,
-        ),
-        named(
-            &[CORE],
-            &["secrets"],
-            &[crate::names::objects::GATEWAY_KEY_SECRET],
-            &["get"],
-        ),
-        rule(
-            &[NETWORKING],
-            &["connections"],
-            &["get", "list", "watch", "create", "update", "patch"],
-        ),
-        rule(
-            &[NETWORKING],
-            &["connections/status"],
-            &["get", "update", "patch"],
-        ),
-    ]
-}
-
-/// What a gateway may read cluster-wide (ClusterRole `tether-gateway-nodes`): the Nodes,
-/// which are the other ends of its fabric.
-pub fn gateway_node_rules() -> Vec<PolicyRule> {
-    vec![rule(&[CORE], &["nodes"], READ)]
-}
-
 /// What a consumer's identity may do in its tenant namespace on the provider (ClusterRole
 /// `tether-tenant`, bound per namespace to the consumer's username): manage the Tether kinds
 /// it owns there and read their status. Nothing else.
@@ -210,6 +176,54 @@ pub fn tenant_rules() -> Vec<PolicyRule> {
     rules
 }
 
+/// What a gateway (`tetherd gateway --namespace`) may do in its tenant namespace (ClusterRole
+/// `tether-gateway`, bound there by a RoleBinding): read its GatewayServer or GatewayClient, the
+/// Configuration and its key Secret; create and update the Connection it reports on.
+///
+/// The key Secret is named: the tenant namespace also holds the provider's kubeconfig, which a
+/// gateway must not read. The last rule, listing Nodes for the fabric, is cluster-scoped: a
+/// RoleBinding cannot grant it, so it needs a ClusterRoleBinding; since such a binding would
+/// grant the namespaced rules in every namespace too, bind [`gateway_namespace_rules`] per
+/// namespace and [`gateway_node_rules`] cluster-wide as two ClusterRoles.
+pub fn gateway_rules() -> Vec<PolicyRule> {
+    let mut rules = gateway_namespace_rules();
+    rules.extend(gateway_node_rules());
+    rules
+}
+
+/// The namespaced part of [`gateway_rules`], for a Role or a RoleBinding of the ClusterRole.
+pub fn gateway_namespace_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(
+            &[NETWORKING],
+            &["gatewayservers", "gatewayclients", "configurations"],
+            READ,
+        ),
+        named(
+            &[CORE],
+            &["secrets"],
+            &[crate::names::objects::GATEWAY_KEY_SECRET],
+            READ,
+        ),
+        rule(
+            &[NETWORKING],
+            &["connections"],
+            &["get", "list", "watch", "create", "update", "patch"],
+        ),
+        rule(
+            &[NETWORKING],
+            &["connections/status"],
+            &["get", "update", "patch"],
+        ),
+    ]
+}
+
+/// The cluster-scoped part of [`gateway_rules`]: the Nodes the fabric routes to. Only a
+/// ClusterRoleBinding grants it.
+pub fn gateway_node_rules() -> Vec<PolicyRule> {
+    vec![rule(&[CORE], &["nodes"], &["list", "watch"])]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,6 +236,7 @@ mod tests {
             controller_apiserver_rules(),
             controller_tenant_rules(),
             tenant_rules(),
+            gateway_rules(),
         ] {
             for r in rules {
                 let all = r
@@ -244,5 +259,30 @@ mod tests {
                 assert!(g.ends_with(".tether.dev"), "{r:?}");
             }
         }
+    }
+
+    #[test]
+    fn the_gateway_reads_only_its_key_secret_and_nodes_only_cluster_wide() {
+        for r in gateway_rules() {
+            let resources = r.resources.clone().unwrap_or_default();
+            if resources.iter().any(|x| x == "secrets") {
+                assert_eq!(
+                    r.resource_names.as_deref(),
+                    Some(&[crate::names::objects::GATEWAY_KEY_SECRET.to_owned()][..]),
+                    "{r:?}"
+                );
+            }
+        }
+        let namespaced = gateway_namespace_rules();
+        assert!(
+            namespaced
+                .iter()
+                .all(|r| !r.resources.iter().flatten().any(|x| x == "nodes")),
+            "nodes are cluster-scoped: a Role cannot grant them"
+        );
+        assert_eq!(
+            gateway_rules().len(),
+            namespaced.len() + gateway_node_rules().len()
+        );
     }
 }

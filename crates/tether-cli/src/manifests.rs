@@ -228,7 +228,7 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
             rbac::controller_tenant_rules(),
         ),
         (objects::TENANT_ROLE, rbac::tenant_rules()),
-        (objects::GATEWAY, rbac::gateway_rules()),
+        (objects::GATEWAY, rbac::gateway_namespace_rules()),
         (objects::GATEWAY_NODES_ROLE, rbac::gateway_node_rules()),
     ] {
         out.push(Manifest::ClusterRole(ClusterRole {

@@ -1,5 +1,6 @@
 //! The packet loops: one encrypt thread per peer (its TUN → UDP), one decrypt thread (UDP →
-//! the peers' TUNs) and one timer thread. Blocking IO on dedicated threads keeps a big decrypt
+//! the peers' TUNs) and one timer thread, which also sends the round-trip probes (`probe`);
+//! the decrypt thread answers the peer's probes itself instead of writing them to a TUN. Blocking IO on dedicated threads keeps a big decrypt
 //! batch from delaying the ACKs going the other way, and batching on both sides (TUN offload
 //! with virtio-net headers and GRO, UDP GSO and GRO + recvmmsg) is where the throughput comes
 //! from. Buffers are allocated once per thread; the per-packet path does not allocate.
@@ -12,6 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::probe::{self, Probes};
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use quinn_udp::{RecvMeta, Transmit, UdpSocketState};
 use tether_wg::{Decapsulated, Device, Encapsulated, MIN_OUT_BUF, MessageKind, PeerIndex};
@@ -152,15 +154,18 @@ struct Shared {
     stop: Arc<AtomicBool>,
     interrupt: Arc<InterruptEvent>,
     counters: Arc<IoCounters>,
+    probes: Arc<Probes>,
     mtu: usize,
 }
 
 impl Dataplane {
-    /// Starts the loops. `tuns[i]` is the TUN device of peer `i` (opened with offload).
+    /// Starts the loops. `tuns[i]` is the TUN device of peer `i` (opened with offload); probe
+    /// results go into `probes`.
     pub fn start(
         device: Arc<Device>,
         socket: Arc<Socket>,
         tuns: Vec<Arc<SyncDevice>>,
+        probes: Arc<Probes>,
         mtu: usize,
     ) -> io::Result<Self> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -174,6 +179,7 @@ impl Dataplane {
             stop: stop.clone(),
             interrupt: interrupt.clone(),
             counters: counters.clone(),
+            probes,
             mtu,
         });
         let mut threads = Vec::new();
@@ -482,6 +488,11 @@ fn handle_datagram(
             .decapsulate(from, datagram, &mut buf[VIRTIO_NET_HDR_LEN..], now)
         {
             Decapsulated::ToTunnel { peer: p, len } if p == peer => {
+                let inner = &buf[VIRTIO_NET_HDR_LEN..VIRTIO_NET_HDR_LEN + len];
+                if let Some(kind) = probe::classify(inner) {
+                    on_probe(s, peer, kind, scratch, now);
+                    return;
+                }
                 buf.truncate(VIRTIO_NET_HDR_LEN + len);
                 b.count += 1;
             }
@@ -507,6 +518,11 @@ fn handle_datagram(
             }
         }
         Decapsulated::ToTunnel { peer, len } => {
+            if let Some(kind) = probe::classify(&scratch[..len]) {
+                let mut out = vec![0u8; MIN_OUT_BUF];
+                on_probe(s, peer, kind, &mut out, now);
+                return;
+            }
             // Rare (a data packet whose index we could not pre-resolve): copy it over.
             let b = &mut batches[peer.0];
             if b.count < IDEAL_BATCH_SIZE {
@@ -541,12 +557,37 @@ fn write_batch(s: &Shared, peer: PeerIndex, b: &mut TunBatch, cap: usize) {
     b.count = 0;
 }
 
+/// Answers a peer's probe request, or records the answer to ours.
+fn on_probe(s: &Shared, peer: PeerIndex, kind: probe::Kind, out: &mut [u8], now: Instant) {
+    match kind {
+        probe::Kind::Request(sent) => send_inner(s, peer, &probe::reply(sent), out, now),
+        probe::Kind::Reply(sent) => s.probes.answered(peer.0, sent, now),
+    }
+}
+
+/// Encrypts one packet the gateway itself originates (probes) and sends it.
+fn send_inner(s: &Shared, peer: PeerIndex, packet: &[u8], out: &mut [u8], now: Instant) {
+    if let Encapsulated::Send { to, len, .. } = s.device.encapsulate(peer, packet, out, now) {
+        send_one(s, to, &out[..len]);
+    }
+}
+
 fn timer_loop(s: &Shared) {
     let mut out = vec![0u8; 2048];
+    let mut next_probe = Instant::now();
     while !s.stop.load(Relaxed) {
         std::thread::sleep(TICK);
-        s.device
-            .tick(&mut out, Instant::now(), |to, b| send_one(s, to, b));
+        let now = Instant::now();
+        s.device.tick(&mut out, now, |to, b| send_one(s, to, b));
+        if now >= next_probe {
+            next_probe = now + probe::INTERVAL;
+            for peer in s.device.peers() {
+                // Without a session this queues the probe and starts a handshake, which is
+                // what a gateway wants anyway.
+                let request = probe::request(s.probes.stamp(peer.0, now));
+                send_inner(s, peer, &request, &mut out, now);
+            }
+        }
     }
 }
 

@@ -15,6 +15,7 @@ use tun_rs::{DeviceBuilder, SyncDevice};
 use crate::config::{Config, ConfigError};
 use crate::dataplane::{Dataplane, Socket};
 use crate::metrics::{KernelMetrics, PeerCollector, ResultLabels};
+use crate::probe::Probes;
 use crate::remap;
 
 /// How long to wait for a freshly created TUN device to show up over netlink.
@@ -67,7 +68,18 @@ pub struct Prepared {
     config: Config,
     plan: Plan,
     input: tether_netplan::GatewayInput,
-    device: Device,
+    device: Arc<Device>,
+    probes: Arc<Probes>,
+}
+
+/// What a running gateway exposes to its status reporter: the WireGuard device (handshakes,
+/// counters) and the probe results, both indexed like [`Config::peers`].
+#[derive(Clone, Debug)]
+pub struct Observer {
+    /// The WireGuard device.
+    pub device: Arc<Device>,
+    /// Round-trip probe results.
+    pub probes: Arc<Probes>,
 }
 
 impl std::fmt::Debug for Prepared {
@@ -86,12 +98,27 @@ impl Prepared {
         let (input, plan) = remap::plan(&config)?;
         let device = Device::new(config.private_key.clone(), peer_configs(&config))
             .map_err(|e| ConfigError::from_device(&config, e))?;
+        let probes = Arc::new(Probes::new(config.peers.len()));
         Ok(Self {
             config,
             plan,
             input,
-            device,
+            device: Arc::new(device),
+            probes,
         })
+    }
+
+    /// The configuration it was prepared from.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Handles on the device and the probes, valid for the whole run.
+    pub fn observer(&self) -> Observer {
+        Observer {
+            device: self.device.clone(),
+            probes: self.probes.clone(),
+        }
     }
 
     /// The kernel plan (for `--dry-run` style output and logs).
@@ -117,6 +144,7 @@ impl Prepared {
             plan,
             input,
             device,
+            probes,
         } = self;
         for p in &input.peers {
             tracing::info!(
@@ -147,10 +175,14 @@ impl Prepared {
         let kernel_metrics = KernelMetrics::default();
         reconcile_once(&mut kernel, &plan, &kernel_metrics, &health).await;
 
-        let device = Arc::new(device);
-        let dataplane =
-            Dataplane::start(device.clone(), Arc::new(socket), tuns, config.mtu as usize)
-                .map_err(GatewayError::Dataplane)?;
+        let dataplane = Dataplane::start(
+            device.clone(),
+            Arc::new(socket),
+            tuns,
+            probes,
+            config.mtu as usize,
+        )
+        .map_err(GatewayError::Dataplane)?;
         {
             let mut reg = registry.lock().unwrap_or_else(PoisonError::into_inner);
             let sub = reg.sub_registry_with_prefix("gateway");
@@ -211,6 +243,7 @@ fn peer_configs(config: &Config) -> Vec<PeerConfig> {
         .map(|p| {
             let mut allowed: Vec<ipnet::IpNet> = vec![p.pod_cidr.into()];
             allowed.extend(p.external_cidr.map(ipnet::IpNet::from));
+            allowed.extend(crate::probe::allowed_ips());
             PeerConfig {
                 id: p.id.clone(),
                 public_key: p.public_key,

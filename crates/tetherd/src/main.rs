@@ -29,20 +29,42 @@ enum Command {
     /// Run the control plane of this cluster (in the cluster, as the tether-controller pod).
     Controller(Box<controller::ControllerArgs>),
     /// Run the WireGuard gateway of this cluster.
-    Gateway(GatewayArgs),
+    Gateway(Box<GatewayArgs>),
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("source").required(true).args(["config", "namespace"])))]
 struct GatewayArgs {
     /// Gateway configuration file (YAML or JSON).
     #[arg(long, env = "TETHER_GATEWAY_CONFIG")]
-    config: PathBuf,
-    /// Override the admin (metrics/health) address from the file.
+    config: Option<PathBuf>,
+    /// Read the configuration from the objects of this (tenant) namespace instead of a file.
+    #[arg(long, env = "TETHER_GATEWAY_NAMESPACE", requires = "object")]
+    namespace: Option<String>,
+    /// With --namespace: serve this GatewayServer.
+    #[arg(
+        long,
+        value_name = "NAME",
+        group = "object",
+        conflicts_with = "gateway_client"
+    )]
+    gateway_server: Option<String>,
+    /// With --namespace: serve this GatewayClient.
+    #[arg(long, value_name = "NAME", group = "object")]
+    gateway_client: Option<String>,
+    /// With --namespace: an interface local traffic enters through (repeatable; none: every
+    /// interface but the tunnels). The fabric device is `tether-fabric`.
+    #[arg(long = "pod-interface", value_name = "NAME")]
+    pod_interfaces: Vec<String>,
+    /// Override the admin (metrics/health) address from the file (with --namespace, default
+    /// 0.0.0.0:9090).
     #[arg(long)]
     metrics_addr: Option<SocketAddr>,
     /// Validate the configuration, print the kernel plan and exit without changing anything.
-    #[arg(long)]
+    #[arg(long, requires = "config")]
     check: bool,
+    #[command(flatten)]
+    kube: tether_runtime::KubeArgs,
     #[command(flatten)]
     log: LogArgs,
 }
@@ -51,21 +73,23 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Controller(args) => controller::main(*args),
-        Command::Gateway(args) => gateway(args),
+        Command::Gateway(args) => gateway(*args),
     }
 }
 
 fn gateway(args: GatewayArgs) -> ExitCode {
-    let GatewayArgs {
-        config,
-        metrics_addr,
-        check,
-        log,
-    } = args;
-    if let Err(e) = tether_runtime::telemetry::init(&log) {
+    if let Err(e) = tether_runtime::telemetry::init(&args.log) {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
+    let Some(config) = args.config else {
+        return gateway_from_objects(args);
+    };
+    let GatewayArgs {
+        metrics_addr,
+        check,
+        ..
+    } = args;
     // Everything that can be wrong with the file is found here, before any side effect.
     let prepared = match Config::load(&config).and_then(Prepared::new) {
         Ok(p) => p,
@@ -112,6 +136,76 @@ fn gateway(args: GatewayArgs) -> ExitCode {
                 .downcast_ref::<tether_gateway::GatewayError>()
                 .map_or(1, |g| g.exit_code());
             ExitCode::from(u8::try_from(code).unwrap_or(1))
+        }
+    }
+}
+
+/// `tetherd gateway --namespace NS --gateway-server|--gateway-client NAME`.
+fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
+    use tether_gateway::cluster::run::{self, Target};
+    let namespace = args.namespace.clone().unwrap_or_default();
+    let target = match (args.gateway_server.clone(), args.gateway_client.clone()) {
+        (Some(n), _) => Target::Server(n),
+        (None, Some(n)) => Target::Client(n),
+        (None, None) => {
+            eprintln!("error: --namespace needs --gateway-server NAME or --gateway-client NAME");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = tether_runtime::tools::require("tetherd gateway", &[tether_runtime::tools::NFT])
+    {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    let admin_addr = args
+        .metrics_addr
+        .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 9090)));
+    let settings = tether_gateway::cluster::translate::Settings {
+        metrics_address: admin_addr,
+        pod_interfaces: args.pod_interfaces.clone(),
+        underlay_mtu: None,
+        reconcile_interval: tether_gateway::config::DEFAULT_RECONCILE_INTERVAL,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = tokio::task::LocalSet::new();
+    let result = local.block_on(&runtime, async move {
+        let shutdown = Shutdown::on_signals()?;
+        let client = tether_runtime::kube_client(&args.kube).await?;
+        let registry = Arc::new(Mutex::new(Registry::with_prefix("tether")));
+        let health = Health::new();
+        let admin = AdminServer::new(registry.clone(), health.clone());
+        let (bound, serve) = admin.bind(admin_addr, shutdown.clone()).await?;
+        tracing::info!(%bound, %namespace, ?target, "admin server listening; gateway driven by objects");
+        let server = tokio::spawn(serve);
+        let result = run::run(
+            client,
+            namespace,
+            target,
+            settings,
+            registry,
+            health,
+            shutdown.clone(),
+        )
+        .await;
+        shutdown.trigger();
+        let _ = server.await;
+        result.map_err(anyhow::Error::from)
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %format!("{e:#}"), "gateway failed");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

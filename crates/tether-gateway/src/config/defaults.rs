@@ -61,7 +61,7 @@ pub fn default_interface(id: &str) -> String {
 /// Linux drops forwarded packets that arrive on an interface without any IPv4 address when
 /// reverse-path filtering is on (even in loose mode), so each TUN needs one; nothing routes
 /// to it, and each side picks its own.
-pub(super) fn assign_tunnel_addresses(peers: &mut [PeerSpec]) {
+pub(crate) fn assign_tunnel_addresses(peers: &mut [PeerSpec]) {
     let taken: BTreeSet<Ipv4Addr> = peers
         .iter()
         .filter_map(|p| p.tunnel_address.map(|a| a.addr()))
