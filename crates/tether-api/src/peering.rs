@@ -166,7 +166,10 @@ pub fn token_secret(
         notes.insert(annotations::TOKEN_DESCRIPTION.to_owned(), d.to_owned());
     }
     let mut secret_labels = BTreeMap::from([(labels::PEERING_TOKEN.to_owned(), "true".to_owned())]);
-    secret_labels.insert(labels::PART_OF.to_owned(), labels::MANAGED_BY_VALUE.to_owned());
+    secret_labels.insert(
+        labels::PART_OF.to_owned(),
+        labels::MANAGED_BY_VALUE.to_owned(),
+    );
     k8s_openapi::api::core::v1::Secret {
         metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
             name: Some(token.secret_name()),

@@ -141,7 +141,9 @@ impl Side {
     async fn new_token(&self, expires_in_secs: i64) -> PeeringToken {
         let token = PeeringToken::generate(self.id.clone());
         let expires = k8s_openapi::jiff::Timestamp::now()
-            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(expires_in_secs))
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(
+                expires_in_secs,
+            ))
             .expect("time");
         Api::<Secret>::namespaced(self.client(), NS)
             .create(
