@@ -1,6 +1,6 @@
 //! What Tether's identities may do, as RBAC rules: the controller (cluster-wide, in its own
-//! namespace, and inside tenant namespaces) and a consumer's identity inside its tenant
-//! namespace on the provider. `tether install` renders these; the controller binds the
+//! namespace, and inside tenant namespaces), the fabric DaemonSet, and a consumer's identity
+//! inside its tenant namespace on the provider. `tether install` renders these; the controller binds the
 //! tenant roles by name. No rule uses `*`.
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
@@ -158,6 +158,16 @@ pub fn tenant_rules() -> Vec<PolicyRule> {
     rules
 }
 
+/// What `tetherd fabric` reads, cluster-wide (ClusterRole `tether-fabric`): the gateway pods
+/// and the nodes (their addresses and pod CIDRs), and the networking Configurations and
+/// Connections of every tenant namespace (the remote CIDRs and tunnel MTUs). It writes nothing.
+pub fn fabric_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[CORE], &["pods", "nodes"], READ),
+        rule(&[NETWORKING], &["configurations", "connections"], READ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,6 +180,7 @@ mod tests {
             controller_apiserver_rules(),
             controller_tenant_rules(),
             tenant_rules(),
+            fabric_rules(),
         ] {
             for r in rules {
                 let all = r
@@ -181,6 +192,15 @@ mod tests {
                 for s in all {
                     assert!(!s.contains('*'), "{r:?}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fabric_only_reads() {
+        for r in fabric_rules() {
+            for verb in &r.verbs {
+                assert!(READ.contains(&verb.as_str()), "{r:?}");
             }
         }
     }

@@ -369,8 +369,10 @@ fn validate(input: &FabricInput) -> Result<(), FabricError> {
             }
         }
     }
-    // Routing an underlay address into the overlay would send the encapsulated packets back
-    // into the device.
+    // Routing a peer's underlay address into the overlay would send the encapsulated packets
+    // back into the device. Our own address may be covered (a gateway pod's IP lies in its
+    // node's pod CIDR): local delivery wins over any route, and nothing is encapsulated to it.
+    ips.remove(&input.local_ip);
     for (owner, cidr) in &claims {
         if let Some(ip) = ips.iter().find(|ip| cidr.contains(*ip)) {
             return Err(FabricError::UnderlayInOverlay {

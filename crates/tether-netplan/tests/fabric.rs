@@ -218,7 +218,7 @@ fn bad_inputs_name_what_is_wrong() {
         (
             "underlay in the overlay",
             FabricInput {
-                peers: vec![peer("10.244.1.7", &["203.0.113.0/24"], None)],
+                peers: vec![peer("10.244.1.7", &["10.244.0.0/16"], None)],
                 unreachable: Vec::new(),
                 ..node()
             },
@@ -250,7 +250,7 @@ fn bad_inputs_name_what_is_wrong() {
         host bits: fabric CIDR 10.71.0.1/16 has host bits set <- peer 10.244.1.7 CIDR 10.71.0.1/16 has host bits set: did you mean 10.71.0.0/16?
         two next hops: peer 10.244.1.7 CIDR 10.71.0.0/16 overlaps peer 10.244.2.9 CIDR 10.71.128.0/17: one destination needs one next hop
         routed and unreachable: peer 10.244.1.7 CIDR 10.71.0.0/16 overlaps unreachable CIDR 10.71.0.0/24: one destination needs one next hop
-        underlay in the overlay: peer 10.244.1.7 CIDR 203.0.113.0/24 contains the underlay address 203.0.113.1: VXLAN packets would loop into the overlay
+        underlay in the overlay: peer 10.244.1.7 CIDR 10.244.0.0/16 contains the underlay address 10.244.1.7: VXLAN packets would loop into the overlay
     "#]]
     .assert_eq(&report);
 }
@@ -335,6 +335,18 @@ fn diffs_create_change_and_remove_only_what_differs() {
         DEFAULT_FABRIC_TABLE,
         &observed_as_planned(&input),
     )));
+}
+
+#[test]
+fn our_own_address_may_lie_in_a_routed_cidr() {
+    // A gateway pod's IP lies in its node's pod CIDR, which the gateway routes to that node.
+    let input = FabricInput {
+        local_ip: ip("10.0.1.7"),
+        peers: vec![peer("203.0.113.1", &["10.0.1.0/24"], None)],
+        unreachable: Vec::new(),
+        ..node()
+    };
+    assert!(plan_fabric(&input).is_ok());
 }
 
 #[test]
