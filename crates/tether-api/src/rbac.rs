@@ -1,7 +1,7 @@
 //! What Tether's identities may do, as RBAC rules: the controller (cluster-wide, in its own
-//! namespace, and inside tenant namespaces) and a consumer's identity inside its tenant
-//! namespace on the provider, and the gateway in its tenant namespace. `tether install` renders
-//! these; the controller binds the tenant roles by name. No rule uses `*`.
+//! namespace, and inside tenant namespaces), the gateway in its tenant namespace, the fabric
+//! DaemonSet, and a consumer's identity inside its tenant namespace on the provider. `tether
+//! install` renders these; the controller binds the tenant roles by name. No rule uses `*`.
 
 use k8s_openapi::api::rbac::v1::PolicyRule;
 
@@ -224,6 +224,16 @@ pub fn gateway_node_rules() -> Vec<PolicyRule> {
     vec![rule(&[CORE], &["nodes"], &["list", "watch"])]
 }
 
+/// What `tetherd fabric` reads, cluster-wide (ClusterRole `tether-fabric`): the gateway pods
+/// and the nodes (their addresses and pod CIDRs), and the networking Configurations and
+/// Connections of every tenant namespace (the remote CIDRs and tunnel MTUs). It writes nothing.
+pub fn fabric_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[CORE], &["pods", "nodes"], READ),
+        rule(&[NETWORKING], &["configurations", "connections"], READ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +247,7 @@ mod tests {
             controller_tenant_rules(),
             tenant_rules(),
             gateway_rules(),
+            fabric_rules(),
         ] {
             for r in rules {
                 let all = r
@@ -248,6 +259,15 @@ mod tests {
                 for s in all {
                     assert!(!s.contains('*'), "{r:?}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn the_fabric_only_reads() {
+        for r in fabric_rules() {
+            for verb in &r.verbs {
+                assert!(READ.contains(&verb.as_str()), "{r:?}");
             }
         }
     }

@@ -12,9 +12,14 @@
 //! `RTN_UNREACHABLE` / `RTN_BLACKHOLE` without an output interface; these outlive the device,
 //! so a deleted tunnel leaves its table answering "unreachable" instead of empty.
 //!
+//! [`FabricKernel`] does the same for the fabric overlay's netplan `FabricPlan`: the VXLAN
+//! device, its static FDB entries and permanent neighbours, `onlink` and `unreachable` routes in
+//! the main table (tagged [`FABRIC_PROTOCOL`]) and the `tether-fabric` table.
+//!
 //! [`Plan`]: tether_netplan::Plan
 
 mod error;
+mod fabric;
 mod kernel;
 mod link;
 mod netlink;
@@ -22,5 +27,6 @@ mod nft;
 mod sysctl;
 
 pub use error::KernelError;
+pub use fabric::{FABRIC_PROTOCOL, FabricConfig, FabricKernel, FabricOpFailure, FabricReport};
 pub use kernel::{DEFAULT_PROTOCOL, Kernel, KernelConfig, OpFailure, ReconcileReport};
 pub use link::{LinkSettings, TUNNEL_TXQUEUELEN};

@@ -282,7 +282,7 @@ fn is_label_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.')
 }
 
-fn validate_interface(name: &str) -> Result<(), PlanError> {
+pub(crate) fn validate_interface(name: &str) -> Result<(), PlanError> {
     // The kernel limit is IFNAMSIZ - 1 = 15 bytes; the charset keeps names safe inside nft
     // strings and sysctl paths ("." and ".." are not interface names).
     let ok = (1..=15).contains(&name.len())

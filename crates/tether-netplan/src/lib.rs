@@ -1,7 +1,8 @@
 //! Pure network planning for a Tether gateway: from plain inputs to the desired kernel state of
 //! the gateway network namespace (sysctls, tunnel addresses, per-peer route tables, fwmark
 //! rules and one nftables table), a deterministic text rendering, and a diff against what the
-//! kernel holds. No IO: `tether-kernel` applies the [`Op`]s this crate computes.
+//! kernel holds; and, in [`fabric`], the same for the VXLAN overlay between nodes and gateway
+//! pods. No IO: `tether-kernel` applies the [`Op`]s this crate computes.
 //!
 //! # Model
 //!
@@ -98,6 +99,7 @@
 
 mod diff;
 mod error;
+pub mod fabric;
 mod firewall;
 mod input;
 mod nft;
@@ -105,6 +107,12 @@ mod plan;
 
 pub use diff::{Observed, Op, diff, teardown};
 pub use error::PlanError;
+pub use fabric::{
+    DEFAULT_FABRIC_TABLE, FabricError, FabricInput, FabricObserved, FabricOp, FabricPeer,
+    FabricPlan, FabricRoute, FdbEntry, MAX_FABRIC_MTU, MAX_VNI, MIN_FABRIC_MTU, Mac, Neighbour,
+    ObservedLink, VxlanLink, mac_for, plan_fabric,
+};
+pub use fabric::{diff as diff_fabric, teardown as teardown_fabric};
 pub use input::{
     CidrMapping, DEFAULT_FWMARK_BASE, DEFAULT_FWMARK_MASK, DEFAULT_MTU, DEFAULT_ROUTE_TABLE_BASE,
     DEFAULT_RULE_PRIORITY, DEFAULT_TABLE, GatewayInput, IpMapping, LocalNetworks, MAX_MTU,

@@ -1,7 +1,9 @@
 //! `tetherd`: the one Tether daemon binary. `tetherd controller` runs the control plane,
-//! `tetherd gateway` the WireGuard gateway; the fabric role will join as a further subcommand.
+//! `tetherd gateway` the WireGuard gateway, `tetherd fabric` the per-node overlay to the
+//! gateway pods.
 
 mod controller;
+mod fabric;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,6 +32,8 @@ enum Command {
     Controller(Box<controller::ControllerArgs>),
     /// Run the WireGuard gateway of this cluster.
     Gateway(Box<GatewayArgs>),
+    /// Run this node's end of the fabric overlay to the gateway pods (DaemonSet, host network).
+    Fabric(Box<fabric::FabricArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Controller(args) => controller::main(*args),
         Command::Gateway(args) => gateway(*args),
+        Command::Fabric(args) => fabric::main(*args),
     }
 }
 
