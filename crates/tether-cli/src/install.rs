@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Service};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -270,6 +270,7 @@ fn group_of(m: &Manifest) -> &'static str {
         | Manifest::RoleBinding(_) => "RBAC",
         Manifest::ConfigMap(_) => "configmap",
         Manifest::Deployment(_) => "deployment",
+        Manifest::DaemonSet(_) => "daemonset",
         Manifest::Service(_) => "service",
     }
 }
@@ -701,6 +702,13 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
     )
     .await?;
     progress.done("controller Deployment deleted");
+    progress.phase("stopping the fabric");
+    delete(
+        client,
+        &Doomed::of::<DaemonSet>(Some(SYSTEM_NAMESPACE), objects::FABRIC),
+    )
+    .await?;
+    progress.done("fabric DaemonSet deleted");
 
     if opts.force && !present_crds.is_empty() {
         progress.phase("removing finalizers of Tether objects");
@@ -791,10 +799,15 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
         objects::CONTROLLER,
         objects::CONTROLLER_TENANT_ROLE,
         objects::TENANT_ROLE,
+        objects::GATEWAY,
+        objects::GATEWAY_NODES_ROLE,
+        objects::FABRIC,
     ] {
         doomed.push(Doomed::of::<ClusterRole>(None, name));
     }
-    doomed.push(Doomed::of::<ClusterRoleBinding>(None, objects::CONTROLLER));
+    for name in [objects::CONTROLLER, objects::FABRIC] {
+        doomed.push(Doomed::of::<ClusterRoleBinding>(None, name));
+    }
     doomed.push(Doomed::of::<Role>(
         Some("default"),
         manifests::APISERVER_ROLE,

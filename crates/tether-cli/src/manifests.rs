@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, Namespace, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
     Probe, ResourceRequirements, SeccompProfile, SecurityContext, Service, ServiceAccount,
-    ServicePort, ServiceSpec,
+    ServicePort, ServiceSpec, Toleration,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
@@ -142,6 +142,8 @@ pub enum Manifest {
     ConfigMap(ConfigMap),
     /// The controller.
     Deployment(Deployment),
+    /// The fabric, one pod per node.
+    DaemonSet(DaemonSet),
     /// The authentication Service.
     Service(Service),
 }
@@ -158,6 +160,7 @@ macro_rules! each_manifest {
             Manifest::RoleBinding($obj) => $body,
             Manifest::ConfigMap($obj) => $body,
             Manifest::Deployment($obj) => $body,
+            Manifest::DaemonSet($obj) => $body,
             Manifest::Service($obj) => $body,
         }
     };
@@ -217,10 +220,12 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
             .into_iter()
             .map(Manifest::CustomResourceDefinition),
     );
-    out.push(Manifest::ServiceAccount(ServiceAccount {
-        metadata: meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE)),
-        ..Default::default()
-    }));
+    for name in [objects::CONTROLLER, objects::FABRIC] {
+        out.push(Manifest::ServiceAccount(ServiceAccount {
+            metadata: meta(name, Some(SYSTEM_NAMESPACE)),
+            ..Default::default()
+        }));
+    }
     for (name, rules) in [
         (objects::CONTROLLER, rbac::controller_cluster_rules()),
         (
@@ -230,6 +235,7 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         (objects::TENANT_ROLE, rbac::tenant_rules()),
         (objects::GATEWAY, rbac::gateway_namespace_rules()),
         (objects::GATEWAY_NODES_ROLE, rbac::gateway_node_rules()),
+        (objects::FABRIC, rbac::fabric_rules()),
     ] {
         out.push(Manifest::ClusterRole(ClusterRole {
             metadata: meta(name, None),
@@ -241,6 +247,16 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         metadata: meta(objects::CONTROLLER, None),
         role_ref: role_ref("ClusterRole", objects::CONTROLLER),
         subjects: Some(vec![controller_subject()]),
+    }));
+    out.push(Manifest::ClusterRoleBinding(ClusterRoleBinding {
+        metadata: meta(objects::FABRIC, None),
+        role_ref: role_ref("ClusterRole", objects::FABRIC),
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".to_owned(),
+            name: objects::FABRIC.to_owned(),
+            namespace: Some(SYSTEM_NAMESPACE.to_owned()),
+            api_group: None,
+        }]),
     }));
     out.push(Manifest::Role(Role {
         metadata: meta(objects::CONTROLLER, Some(SYSTEM_NAMESPACE)),
@@ -279,8 +295,108 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         }));
     }
     out.push(Manifest::Deployment(deployment(opts)));
+    out.push(Manifest::DaemonSet(fabric(opts)));
     out.push(Manifest::Service(auth_service(opts)));
     out
+}
+
+/// The admin port of the fabric's pods, on each node's own network.
+pub const FABRIC_ADMIN_PORT: i32 = 9103;
+
+/// The labels of the fabric's pods.
+pub fn fabric_labels() -> BTreeMap<String, String> {
+    let mut l = common_labels();
+    l.insert(NAME_LABEL.to_owned(), objects::FABRIC.to_owned());
+    l.insert(labels::COMPONENT.to_owned(), labels::COMPONENT_FABRIC.to_owned());
+    l
+}
+
+/// `tetherd fabric` on every node: host network, since it programs the node's own routes and
+/// VXLAN device; privileged for the same reason; tolerating every taint, since pods on any
+/// node must reach the remote clusters.
+fn fabric(opts: &InstallOptions) -> DaemonSet {
+    let selector = BTreeMap::from([(NAME_LABEL.to_owned(), objects::FABRIC.to_owned())]);
+    let probe = |path: &str, period: i32, failures: i32| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::Int(FABRIC_ADMIN_PORT),
+            ..Default::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Default::default()
+    };
+    let container = Container {
+        name: "fabric".to_owned(),
+        image: Some(opts.image.clone()),
+        args: Some(vec![
+            "fabric".to_owned(),
+            format!("--admin-addr=0.0.0.0:{FABRIC_ADMIN_PORT}"),
+            "--log-format=json".to_owned(),
+        ]),
+        env: Some(vec![EnvVar {
+            name: "NODE_NAME".to_owned(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "spec.nodeName".to_owned(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]),
+        readiness_probe: Some(probe("/readyz", 2, 3)),
+        liveness_probe: Some(probe("/healthz", 10, 6)),
+        resources: Some(ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("5m".to_owned())),
+                ("memory".to_owned(), Quantity("16Mi".to_owned())),
+            ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                Quantity("64Mi".to_owned()),
+            )])),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            privileged: Some(true),
+            run_as_user: Some(0),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    DaemonSet {
+        metadata: ObjectMeta {
+            labels: Some(fabric_labels()),
+            ..meta(objects::FABRIC, Some(SYSTEM_NAMESPACE))
+        },
+        spec: Some(DaemonSetSpec {
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                match_expressions: None,
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(fabric_labels()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(objects::FABRIC.to_owned()),
+                    host_network: Some(true),
+                    dns_policy: Some("ClusterFirstWithHostNet".to_owned()),
+                    containers: vec![container],
+                    tolerations: Some(vec![Toleration {
+                        operator: Some("Exists".to_owned()),
+                        ..Default::default()
+                    }]),
+                    termination_grace_period_seconds: Some(10),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
 }
 
 /// The labels on everything `tether install` creates.

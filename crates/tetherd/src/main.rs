@@ -60,6 +60,10 @@ struct GatewayArgs {
     /// interface but the tunnels). The fabric device is `tether-fabric`.
     #[arg(long = "pod-interface", value_name = "NAME")]
     pod_interfaces: Vec<String>,
+    /// With --namespace: this pod's IP, the local end of the fabric to the nodes (the
+    /// Deployment sets it from `status.podIP`); without it the gateway runs no fabric.
+    #[arg(long, env = "POD_IP", requires = "namespace")]
+    pod_ip: Option<std::net::Ipv4Addr>,
     /// Override the admin (metrics/health) address from the file (with --namespace, default
     /// 0.0.0.0:9090).
     #[arg(long)]
@@ -199,6 +203,7 @@ fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
             registry,
             health,
             shutdown.clone(),
+            args.pod_ip,
         )
         .await;
         shutdown.trigger();

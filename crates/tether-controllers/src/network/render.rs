@@ -170,6 +170,7 @@ impl Gateway<'_> {
             ),
             env: Some(vec![
                 field("POD_NAME", "metadata.name"),
+                field("POD_IP", "status.podIP"),
                 field("NODE_NAME", "spec.nodeName"),
             ]),
             ports: Some(ports),

@@ -100,6 +100,7 @@ pub async fn run(
     registry: Arc<Mutex<Registry>>,
     health: Health,
     shutdown: Shutdown,
+    fabric_ip: Option<std::net::Ipv4Addr>,
 ) -> Result<(), ClusterError> {
     if settings.underlay_mtu.is_none() {
         settings.underlay_mtu = default_route_mtu();
@@ -114,7 +115,7 @@ pub async fn run(
     let mut last_write = Instant::now() - STATUS_PERIOD;
     let mut conditions_now: Vec<conditions::Condition> = Vec::new();
     let mut first_run = true;
-    let mut fabric_nodes = 0usize;
+    let mut fabric = fabric_ip.map(Fabric::new);
     let mut last_handshakes = 0u64;
     let mut last_handshake: Option<Time> = None;
     let mut latency: Option<Latency> = None;
@@ -126,10 +127,8 @@ pub async fn run(
             () = changed.notified() => {}
             _ = tick.tick() => {}
         }
-        let fabric = fabric_peers_of(&views.nodes);
-        if fabric.len() != fabric_nodes {
-            fabric_nodes = fabric.len();
-            tracing::debug!(nodes = fabric_nodes, "fabric peers changed");
+        if let Some(f) = fabric.as_mut() {
+            f.sync(&views.nodes).await;
         }
         let Some(gateway) = current_gateway(&views, &target) else {
             // Without the gateway object there is no Connection to own; wait.
@@ -526,6 +525,72 @@ where
         }
     }));
     store
+}
+
+/// This gateway pod's end of the fabric: a VXLAN device routing each node's pod CIDRs to that
+/// node, kept in step with the Nodes (on change, and every [`FABRIC_REPAIR`] to undo drift).
+struct Fabric {
+    local_ip: std::net::Ipv4Addr,
+    applier: Option<tether_fabric::Applier>,
+    applied: Option<Vec<(std::net::Ipv4Addr, Vec<ipnet::Ipv4Net>)>>,
+    last_apply: Instant,
+}
+
+/// How often the fabric is re-applied although the Nodes did not change.
+const FABRIC_REPAIR: Duration = Duration::from_secs(10);
+
+impl Fabric {
+    fn new(local_ip: std::net::Ipv4Addr) -> Self {
+        Self {
+            local_ip,
+            applier: None,
+            applied: None,
+            last_apply: Instant::now(),
+        }
+    }
+
+    async fn sync(&mut self, nodes: &Store<Node>) {
+        let peers = fabric_peers_of(nodes);
+        if self.applied.as_ref() == Some(&peers) && self.last_apply.elapsed() < FABRIC_REPAIR {
+            return;
+        }
+        if self.applier.is_none() {
+            match tether_fabric::Applier::new(
+                tether_api::names::fabric::DEVICE,
+                tether_netplan::DEFAULT_FABRIC_TABLE,
+                None,
+            ) {
+                Ok(a) => self.applier = Some(a),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open the fabric's kernel adapter");
+                    return;
+                }
+            }
+        }
+        let applier = self.applier.as_mut().expect("just set");
+        let mtu = match applier.device_mtu_for(self.local_ip).await {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the uplink MTU for the fabric");
+                return;
+            }
+        };
+        let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
+        let built = tether_fabric::gateway_input(&tether_fabric::Settings::new(self.local_ip, mtu), &nodes);
+        for note in &built.notes {
+            tracing::debug!(note = %note, "fabric input");
+        }
+        self.last_apply = Instant::now();
+        match applier.apply(&built.input).await {
+            Ok(_) => {
+                if self.applied.as_ref() != Some(&peers) {
+                    tracing::info!(nodes = peers.len(), "fabric to the nodes applied");
+                }
+                self.applied = Some(peers);
+            }
+            Err(e) => tracing::warn!(error = %e, "applying the fabric failed; retrying"),
+        }
+    }
 }
 
 /// The Node reflector's current fabric peers (for the fabric device).
