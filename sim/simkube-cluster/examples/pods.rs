@@ -679,6 +679,7 @@ impl ClusterGuard {
             timeout: Duration::from_secs(args.timeout.min(300)),
             node_grace_seconds: simkube_cluster::state::DEFAULT_NODE_GRACE_SECONDS,
             cluster_signing_seconds: simkube_cluster::state::DEFAULT_CLUSTER_SIGNING_SECONDS,
+            private_api: false,
             exe: simkube.to_owned(),
         };
         let mut up = tokio::task::spawn_blocking(move || {

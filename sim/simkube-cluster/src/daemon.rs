@@ -98,7 +98,7 @@ async fn serve(
         .await?;
     tracing::info!(cluster = %record.name, api = %api_addr, host_port, "API server listening");
     let client = cluster.client();
-    bootstrap(&client, &plan).await?;
+    bootstrap(&client, &plan, record.service_cidr).await?;
     let shutdown = CancellationToken::new();
     let dns_metrics = simkube_dns::Metrics::default();
     let agent_metrics = crate::metrics::AgentMetrics::default();

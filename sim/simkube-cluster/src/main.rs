@@ -123,6 +123,14 @@ enum ClusterCommand {
         /// kube-controller-manager's `--cluster-signing-duration`; one year by default).
         #[arg(long, default_value_t = simkube_cluster::state::DEFAULT_CLUSTER_SIGNING_SECONDS)]
         cluster_signing_duration: u64,
+        /// Keep the API server private: other clusters (their nodes and pods) cannot open TCP
+        /// connections to this cluster's API server nor to any of its TCP Services (NodePorts,
+        /// LoadBalancer IPs) or node addresses; UDP Services stay reachable from other
+        /// clusters (so a WireGuard gateway can be reached), replies to this cluster's own
+        /// connections come back, and the host still reaches the API server through the
+        /// kubeconfig.
+        #[arg(long)]
+        private_api: bool,
     },
     /// Remove a cluster: daemon, agents, pods, namespaces, bridge, state.
     Down {
@@ -223,6 +231,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             timeout,
             node_grace_period,
             cluster_signing_duration,
+            private_api,
         } => {
             let exe = std::env::current_exe().context("locating the simkube executable")?;
             let options = ops::UpOptions {
@@ -237,6 +246,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 timeout: Duration::from_secs(timeout),
                 node_grace_seconds: node_grace_period,
                 cluster_signing_seconds: cluster_signing_duration,
+                private_api,
                 exe,
             };
             let summary = ops::up(&options, &mut |l| progress(l))
@@ -260,16 +270,21 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
         ClusterCommand::List { state } => {
             let entries = ops::list(&state.state_dir)?;
             println!(
-                "{:<20} {:>5} {:>5} {:<28} DAEMON",
-                "NAME", "INDEX", "NODES", "API"
+                "{:<20} {:>5} {:>5} {:<28} {:<12} DAEMON",
+                "NAME", "INDEX", "NODES", "API", "TOPOLOGY"
             );
             for e in entries {
                 println!(
-                    "{:<20} {:>5} {:>5} {:<28} {}",
+                    "{:<20} {:>5} {:>5} {:<28} {:<12} {}",
                     e.record.name,
                     e.record.index,
                     e.record.nodes,
                     e.url.as_deref().unwrap_or("-"),
+                    if e.record.private_api {
+                        "private-api"
+                    } else {
+                        "open"
+                    },
                     if e.alive {
                         "running"
                     } else {

@@ -157,6 +157,38 @@ pub fn route_lb_pool(underlay: &str, plan: &Plan) -> Result<(), Error> {
     Ok(())
 }
 
+/// Applies an nftables script inside the underlay (one transaction, read from stdin).
+pub fn apply_nft(underlay: &str, script: &str) -> Result<(), Error> {
+    use std::io::Write as _;
+    let command = format!("ip netns exec {underlay} nft -f -");
+    let failed = |message: String| Error::Command {
+        command: command.clone(),
+        message,
+    };
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", underlay, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(e.to_string()))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(|e| failed(e.to_string()))?;
+    }
+    let output = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(failed(
+            String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        ))
+    }
+}
+
 /// Removes everything of cluster `plan` from the underlay and every `sk.<name>.` namespace.
 /// Returns what could not be removed (as errors to report), after trying all of it.
 pub fn remove_cluster(underlay: &str, plan: &Plan) -> Vec<Error> {
@@ -165,6 +197,14 @@ pub fn remove_cluster(underlay: &str, plan: &Plan) -> Vec<Error> {
         // Deleting the bridge detaches its ports; the veths go with the node namespaces. The
         // route goes with its nexthops, but a leftover one is removed explicitly.
         let _ = ip(&["-n", underlay, "route", "del", &plan.lb_net().to_string()]);
+        // A `--private-api` cluster's table; absent otherwise, so a failure means nothing.
+        let table = crate::topology::firewall_table(&plan.name);
+        let _ = run(
+            "ip",
+            &[
+                "netns", "exec", underlay, "nft", "delete", "table", "ip", &table,
+            ],
+        );
         if link_exists(underlay, &plan.bridge())
             && let Err(e) = ip(&["-n", underlay, "link", "del", &plan.bridge()])
         {

@@ -54,6 +54,10 @@ pub struct ClusterRecord {
     /// `--cluster-signing-duration`).
     #[serde(default = "default_signing")]
     pub cluster_signing_seconds: u64,
+    /// Other clusters can open no TCP connection to the API server or the cluster's Services
+    /// (`--private-api`); UDP stays open.
+    #[serde(default)]
+    pub private_api: bool,
     /// When the cluster was created (RFC 3339).
     pub created: String,
 }
@@ -316,6 +320,7 @@ mod tests {
             daemon_pid: Some(42),
             node_grace_seconds: 40,
             cluster_signing_seconds: DEFAULT_CLUSTER_SIGNING_SECONDS,
+            private_api: false,
             created: "2026-01-01T00:00:00Z".into(),
         }
     }

@@ -229,6 +229,35 @@ impl Plan {
     }
 }
 
+/// The nftables table (family `ip`, in the underlay) that closes a `--private-api` cluster.
+pub fn firewall_table(name: &str) -> String {
+    format!("skfw-{name}")
+}
+
+/// The script that makes cluster `plan` private: nothing outside its bridge opens a TCP
+/// connection to its API server address or through the bridge (to node addresses, NodePorts,
+/// LoadBalancer IPs); UDP stays open, and replies to the cluster's own connections pass. One
+/// transaction, replacing any earlier version of the table.
+pub fn private_api_rules(plan: &Plan) -> String {
+    let table = firewall_table(&plan.name);
+    let bridge = plan.bridge();
+    let gateway = plan.gateway();
+    format!(
+        "table ip {table} {{}}\n\
+         delete table ip {table}\n\
+         table ip {table} {{\n\
+         \tchain input {{\n\
+         \t\ttype filter hook input priority filter; policy accept;\n\
+         \t\tiifname != \"{bridge}\" iifname != \"lo\" ip daddr {gateway} tcp dport {API_PORT} ct state new drop\n\
+         \t}}\n\
+         \tchain forward {{\n\
+         \t\ttype filter hook forward priority filter; policy accept;\n\
+         \t\tiifname != \"{bridge}\" oifname \"{bridge}\" meta l4proto tcp ct state new drop\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use expect_test::expect;
@@ -341,5 +370,25 @@ mod tests {
             prop_assert!(!used.contains(&index));
             prop_assert!((1..index).all(|i| used.contains(&i)));
         }
+    }
+
+    #[test]
+    fn private_api_rules_close_tcp_from_outside_the_bridge() {
+        let plan = Plan::new("east", 3, 2);
+        expect_test::expect![[r#"
+            table ip skfw-east {}
+            delete table ip skfw-east
+            table ip skfw-east {
+            	chain input {
+            		type filter hook input priority filter; policy accept;
+            		iifname != "skbr3" iifname != "lo" ip daddr 198.18.3.1 tcp dport 6443 ct state new drop
+            	}
+            	chain forward {
+            		type filter hook forward priority filter; policy accept;
+            		iifname != "skbr3" oifname "skbr3" meta l4proto tcp ct state new drop
+            	}
+            }
+        "#]]
+        .assert_eq(&private_api_rules(&plan));
     }
 }

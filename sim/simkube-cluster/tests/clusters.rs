@@ -42,6 +42,48 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
         ],
     );
     assert_eq!(dns, "10.96.0.10");
+    // Networking published as kubeadm does, and every node's pod CIDR set.
+    let kubeadm = kubectl_ok(
+        &kubeconfig,
+        &[
+            "get",
+            "configmap",
+            "-n",
+            "kube-system",
+            "kubeadm-config",
+            "-o",
+            "jsonpath={.data.ClusterConfiguration}",
+        ],
+    );
+    for line in [
+        "apiVersion: kubeadm.k8s.io/v1beta3",
+        "kind: ClusterConfiguration",
+        &format!("clusterName: {name}"),
+        "kubernetesVersion: v1.33.1",
+        "  podSubnet: 10.244.0.0/16",
+        "  serviceSubnet: 10.96.0.0/12",
+        "  dnsDomain: cluster.local",
+    ] {
+        assert!(
+            kubeadm.lines().any(|l| l == line),
+            "{line:?} in:\n{kubeadm}"
+        );
+    }
+    let cidrs = kubectl_ok(
+        &kubeconfig,
+        &[
+            "get",
+            "nodes",
+            "-o",
+            "jsonpath={range .items[*]}{.spec.podCIDR} {.spec.podCIDRs[0]}{\"\\n\"}{end}",
+        ],
+    );
+    let mut cidrs: Vec<&str> = cidrs.lines().collect();
+    cidrs.sort_unstable();
+    assert_eq!(
+        cidrs,
+        ["10.244.1.0/24 10.244.1.0/24", "10.244.2.0/24 10.244.2.0/24"]
+    );
     let record = env.record(&name);
     let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
     assert!(

@@ -362,6 +362,42 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
     let outside = TcpEchoServer::start(&underlay, SocketAddr::from(([198, 18, 99, 1], 0)))
         .expect("underlay echo server");
     let outside_addr = outside.local_addr();
+    // A fabric device beside the uplink (as a VXLAN link would be), to a namespace routing the
+    // pod CIDR back: traffic leaving through it is not masqueraded.
+    let fabric = Netns::new("skp-fab").expect("fabric namespace");
+    fixture
+        .netns
+        .ip(&[
+            "link",
+            "add",
+            "fab0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "fab1",
+            "netns",
+            fabric.name(),
+        ])
+        .expect("fabric veth");
+    fixture
+        .netns
+        .ip(&["addr", "add", "198.51.100.2/24", "dev", "fab0"])
+        .expect("fab0 address");
+    fixture
+        .netns
+        .ip(&["link", "set", "fab0", "up"])
+        .expect("fab0 up");
+    fabric
+        .ip(&["addr", "add", "198.51.100.1/24", "dev", "fab1"])
+        .expect("fab1 address");
+    fabric.ip(&["link", "set", "fab1", "up"]).expect("fab1 up");
+    fabric
+        .ip(&["route", "add", "10.244.0.0/16", "via", "198.51.100.2"])
+        .expect("route back to the pods");
+    let remote = TcpEchoServer::start(&fabric, SocketAddr::from(([198, 51, 100, 1], 0)))
+        .expect("fabric echo server");
+    let remote_addr = remote.local_addr();
     fixture.run_with(
         fast_backoff(),
         |builder| {
@@ -444,7 +480,7 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
             );
 
             // Pod egress out of the cluster CIDR leaves as the node (ip-masq-agent).
-            let seen_as = in_netns(pod_ns, move || {
+            let seen_as = in_netns(pod_ns.clone(), move || {
                 let mut stream = TcpStream::connect_timeout(&outside_addr, Duration::from_secs(2))
                     .expect("pod reaches the underlay");
                 stream.write_all(b"egress").expect("write");
@@ -459,6 +495,23 @@ fn services_reach_ready_endpoints_from_node_pods_and_underlay() {
             assert!(
                 seen_as.starts_with(&format!("{NODE_UNDERLAY_IP}:")),
                 "pod egress is masqueraded to the node: {seen_as:?}"
+            );
+            // Out of another device than the uplink, the pod keeps its address.
+            let seen_as = in_netns(pod_ns, move || {
+                let mut stream = TcpStream::connect_timeout(&remote_addr, Duration::from_secs(2))
+                    .expect("pod reaches the fabric namespace");
+                stream.write_all(b"fabric").expect("write");
+                stream
+                    .shutdown(std::net::Shutdown::Write)
+                    .expect("shutdown");
+                let mut answer = String::new();
+                std::io::Read::read_to_string(&mut stream, &mut answer).expect("read");
+                answer
+            })
+            .await;
+            assert!(
+                seen_as.starts_with("10.244.7."),
+                "traffic leaving through a non-uplink device is not masqueraded: {seen_as:?}"
             );
 
             // From the underlay: the node port on the node's address and the LB IP.

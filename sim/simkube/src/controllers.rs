@@ -52,7 +52,7 @@ pub struct Controllers {
     pub csr_signer: bool,
     /// Binds pending pods to nodes (filters, least-allocated scoring, `FailedScheduling`).
     pub scheduler: bool,
-    /// Keeps ReplicaSets' pod counts and rolls Deployments.
+    /// Keeps ReplicaSets' pod counts, rolls Deployments and runs DaemonSets on every node.
     pub workloads: bool,
     /// Keeps EndpointSlices (and legacy Endpoints) of Services with a selector.
     pub endpoint_slices: bool,
@@ -149,6 +149,10 @@ pub fn spawn(
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(workloads::deployment::run(
+            client.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(workloads::daemonset::run(
             client.clone(),
             shutdown.clone(),
         )));

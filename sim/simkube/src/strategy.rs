@@ -650,6 +650,15 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             default_deployment_strategy(spec);
             default_pod_template(spec);
         }
+        ("apps", "daemonsets") => {
+            let spec = &mut obj["spec"];
+            if !spec.is_object() {
+                *spec = json!({});
+            }
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            default_daemonset_strategy(spec);
+            default_pod_template(spec);
+        }
         ("apps", "replicasets") => {
             let spec = &mut obj["spec"];
             if !spec.is_object() {
@@ -682,6 +691,24 @@ fn default_deployment_strategy(spec: &mut Value) {
             json!("25%"),
         );
         set_default(&mut strategy["rollingUpdate"], "maxSurge", json!("25%"));
+    }
+}
+
+/// `SetDefaults_DaemonSet`: RollingUpdate with `maxUnavailable: 1`, `maxSurge: 0`.
+fn default_daemonset_strategy(spec: &mut Value) {
+    if !spec["updateStrategy"].is_object() {
+        spec["updateStrategy"] = json!({});
+    }
+    let strategy = &mut spec["updateStrategy"];
+    if strategy["type"].as_str().is_none_or(str::is_empty) {
+        strategy["type"] = json!("RollingUpdate");
+    }
+    if strategy["type"] == "RollingUpdate" {
+        if !strategy["rollingUpdate"].is_object() {
+            strategy["rollingUpdate"] = json!({});
+        }
+        set_default(&mut strategy["rollingUpdate"], "maxUnavailable", json!(1));
+        set_default(&mut strategy["rollingUpdate"], "maxSurge", json!(0));
     }
 }
 

@@ -3,7 +3,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use k8s_openapi::api::core::v1::{Endpoints, Service};
+use ipnet::Ipv4Net;
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use kube::Api;
@@ -14,10 +15,47 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::topology::{self, Plan};
 
+/// The `ClusterConfiguration` document kubeadm stores in `kube-system/kubeadm-config`, with the
+/// keys in kubeadm's order, so installers read the pod and service CIDRs as on kubeadm clusters.
+pub(super) fn kubeadm_cluster_configuration(plan: &Plan, service_cidr: Ipv4Net) -> String {
+    format!(
+        "apiServer: {{}}\n\
+         apiVersion: kubeadm.k8s.io/v1beta3\n\
+         clusterName: {name}\n\
+         controlPlaneEndpoint: {endpoint}\n\
+         kind: ClusterConfiguration\n\
+         kubernetesVersion: {version}\n\
+         networking:\n\
+         \x20 dnsDomain: {domain}\n\
+         \x20 podSubnet: {pods}\n\
+         \x20 serviceSubnet: {services}\n",
+        name = plan.name,
+        endpoint = plan.api_addr(),
+        version = simkube::discovery::KUBERNETES_VERSION,
+        domain = topology::CLUSTER_DOMAIN,
+        pods = plan.pod_cidr,
+        services = service_cidr,
+    )
+}
+
 /// The cluster objects a kubeadm cluster starts with that the API server does not seed: the
-/// nodes' permissions and the DNS Service with its (selector-less) endpoints.
-pub(super) async fn bootstrap(client: &kube::Client, plan: &Plan) -> Result<(), Error> {
+/// nodes' permissions, the `kubeadm-config` ConfigMap and the DNS Service with its
+/// (selector-less) endpoints.
+pub(super) async fn bootstrap(
+    client: &kube::Client,
+    plan: &Plan,
+    service_cidr: Ipv4Net,
+) -> Result<(), Error> {
     let pp = PostParams::default();
+    let kubeadm: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": "kubeadm-config", "namespace": "kube-system"},
+        "data": {"ClusterConfiguration": kubeadm_cluster_configuration(plan, service_cidr)},
+    }))
+    .expect("invariant: a valid ConfigMap");
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .create(&pp, &kubeadm)
+        .await
+        .map_err(Error::api("creating the kubeadm-config ConfigMap"))?;
     // The nodes authenticate with certificates (system:node:<name>, group system:nodes). The
     // API server has no Node authorizer, so the group gets what a kubelet may do by binding it
     // to cluster-admin.
@@ -101,4 +139,30 @@ pub(super) async fn start_dns(
     Ok(tokio::spawn(simkube_dns::serve(
         client, config, udp, tcp, shutdown,
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+
+    use super::*;
+
+    #[test]
+    fn kubeadm_config_names_the_networking_as_kubeadm_does() {
+        let plan = Plan::new("east", 3, 2);
+        let text = kubeadm_cluster_configuration(&plan, "10.96.0.0/12".parse().expect("cidr"));
+        expect![[r#"
+            apiServer: {}
+            apiVersion: kubeadm.k8s.io/v1beta3
+            clusterName: east
+            controlPlaneEndpoint: 198.18.3.1:6443
+            kind: ClusterConfiguration
+            kubernetesVersion: v1.33.1
+            networking:
+              dnsDomain: cluster.local
+              podSubnet: 10.244.0.0/16
+              serviceSubnet: 10.96.0.0/12
+        "#]]
+        .assert_eq(&text);
+    }
 }

@@ -41,6 +41,8 @@ pub struct UpOptions {
     pub node_grace_seconds: u64,
     /// The longest certificate the cluster's CSR signer issues, in seconds.
     pub cluster_signing_seconds: u64,
+    /// Close the cluster to other clusters' TCP (see [`ClusterRecord::private_api`]).
+    pub private_api: bool,
     /// The `simkube` executable (runs the daemon and the agents).
     pub exe: PathBuf,
 }
@@ -127,6 +129,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
         daemon_pid: None,
         node_grace_seconds: options.node_grace_seconds,
         cluster_signing_seconds: options.cluster_signing_seconds,
+        private_api: options.private_api,
         created: jiff::Timestamp::now().to_string(),
     };
     // The record goes first: whatever happens next, `down` knows what to remove.
@@ -166,6 +169,9 @@ fn create_and_start(
         net::create_node(&record.underlay, &plan, &node)?;
     }
     net::route_lb_pool(&record.underlay, &plan)?;
+    if record.private_api {
+        net::apply_nft(&record.underlay, &topology::private_api_rules(&plan))?;
+    }
     progress(&format!(
         "network created: underlay {}, bridge {} {}, node namespaces {}n1..n{}",
         record.underlay,

@@ -66,6 +66,10 @@ pub struct ProxyConfig {
     pub routes: bool,
     /// Masquerade pod traffic leaving `cluster_cidr` (ip-masq-agent). Default on.
     pub egress_masquerade: bool,
+    /// The node's uplink: egress is masqueraded only out of this interface. `None` (the
+    /// default): the device of the node's default route, found when the proxy starts (without
+    /// one, egress is masqueraded out of any interface).
+    pub uplink: Option<String>,
     /// The mark bit asking for masquerading; default kube-proxy's `0x4000`.
     pub masquerade_mark: u32,
     /// Quiet time after a change before re-planning (default 100 ms), so a burst of changes
@@ -87,6 +91,7 @@ impl ProxyConfig {
             route_proto: DEFAULT_ROUTE_PROTO,
             routes: true,
             egress_masquerade: true,
+            uplink: None,
             masquerade_mark: plan::DEFAULT_MASQUERADE_MARK,
             debounce: Duration::from_millis(100),
             resync: Duration::from_secs(10),
@@ -113,6 +118,18 @@ impl ProxyConfig {
             return Err(format!(
                 "proxy masquerade mark {:#x} must be a single bit",
                 self.masquerade_mark
+            ));
+        }
+        if let Some(dev) = &self.uplink
+            && (dev.is_empty()
+                || dev.len() > 15
+                || dev
+                    .chars()
+                    .any(|c| c.is_whitespace() || matches!(c, '/' | '"' | ':')))
+        {
+            return Err(format!(
+                "uplink {dev:?} is not an interface name (1 to 15 characters, no '/', ':', \
+                 quotes or spaces)"
             ));
         }
         if self.route_proto <= 4 {
@@ -371,6 +388,7 @@ impl State {
             service_cidr: self.config.service_cidr,
             masquerade_mark: self.config.masquerade_mark,
             egress_masquerade: self.config.egress_masquerade,
+            uplink: self.config.uplink.clone(),
             services: self
                 .services
                 .state()
@@ -618,6 +636,23 @@ pub async fn run(
             "this node's pod CIDR is outside the cluster CIDR the service proxy was given"
         );
     }
+    let mut config = config;
+    if config.egress_masquerade && config.uplink.is_none() {
+        match default_route_device().await {
+            Ok(Some(dev)) => {
+                tracing::info!(uplink = %dev, "pod egress is masqueraded out of the uplink only");
+                config.uplink = Some(dev);
+            }
+            Ok(None) => tracing::warn!(
+                "no default route to tell the uplink by: pod egress is masqueraded out of any \
+                 interface"
+            ),
+            Err(error) => tracing::warn!(
+                %error,
+                "cannot read the default route: pod egress is masqueraded out of any interface"
+            ),
+        }
+    }
     let (services, s1) = watch_kind::<Service>(Api::all(client.clone()), 0);
     let (slices, s2) = watch_kind::<EndpointSlice>(Api::all(client.clone()), 1);
     let (nodes, s3) = watch_kind::<Node>(Api::all(client), 2);
@@ -767,6 +802,21 @@ async fn table_exists(table: &str) -> Result<bool, ProxyError> {
         .any(|l| l.trim() == format!("table ip {table}")))
 }
 
+/// The device of the main table's IPv4 default route, if there is one.
+async fn default_route_device() -> Result<Option<String>, ProxyError> {
+    let json = ip(&["-j", "-4", "route", "show", "default"]).await?;
+    Ok(parse_default_device(&json))
+}
+
+fn parse_default_device(json: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        dev: Option<String>,
+    }
+    let entries: Vec<Entry> = serde_json::from_str(json.trim()).unwrap_or_default();
+    entries.into_iter().find_map(|e| e.dev)
+}
+
 /// The routes of the main table carrying `proto`, as `(cidr, gateway)`.
 async fn routes_with_proto(proto: u8) -> Result<Vec<PodRoute>, ProxyError> {
     let proto = proto.to_string();
@@ -824,6 +874,25 @@ mod tests {
             ]
         );
         assert!(parse_routes("").is_empty());
+    }
+
+    #[test]
+    fn the_uplink_is_the_default_route_device() {
+        let json = r#"[{"dst":"default","gateway":"198.18.1.1","dev":"eth0","flags":[]}]"#;
+        assert_eq!(parse_default_device(json).as_deref(), Some("eth0"));
+        assert_eq!(parse_default_device("[]"), None);
+        assert_eq!(parse_default_device(""), None);
+    }
+
+    #[test]
+    fn uplink_names_are_checked() {
+        let mut config = ProxyConfig::new("10.244.0.0/16".parse().expect("cidr"));
+        config.uplink = Some("eth0".into());
+        assert_eq!(config.validate(), Ok(()));
+        for bad in ["", "a-name-too-long-1", "eth0\" x", "a/b"] {
+            config.uplink = Some(bad.into());
+            assert!(config.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

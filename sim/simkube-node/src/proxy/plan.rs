@@ -20,7 +20,8 @@
 //!   outside its `loadBalancerSourceRanges` are dropped (`filter-prerouting`/`filter-output`).
 //! - `nat-postrouting`: marked packets (node ports, load-balancer and external IPs with the
 //!   Cluster policy, hairpin, non-pod sources reaching a cluster IP) are masqueraded; pod traffic
-//!   leaving the cluster CIDR is masqueraded to the node (as ip-masq-agent does).
+//!   leaving the cluster CIDR through the node's uplink is masqueraded to the node (as
+//!   ip-masq-agent does; other devices, like a fabric's tunnels, keep pod addresses).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -49,6 +50,10 @@ pub struct ProxyInput {
     pub masquerade_mark: u32,
     /// Masquerade pod traffic to destinations outside `cluster_cidr`.
     pub egress_masquerade: bool,
+    /// The node's uplink (the interface toward the cluster network): pod egress is masqueraded
+    /// only when it leaves through it, so traffic a network fabric sends out of its own devices
+    /// (a VXLAN or WireGuard link) keeps the pod's address. `None`: whatever the interface.
+    pub uplink: Option<String>,
     /// The Services.
     pub services: Vec<ServiceInfo>,
     /// The EndpointSlices.
@@ -673,7 +678,15 @@ fn render(b: &mut Builder<'_>) -> String {
     if input.egress_masquerade {
         // Pods leaving the pod network (other clusters, node and load-balancer addresses)
         // appear as the node, as behind ip-masq-agent; pod CIDRs overlap between clusters.
-        post.push(format!("ip saddr {cidr} ip daddr != {cidr} masquerade"));
+        // Only out of the uplink, as Cilium masquerades only on its native devices.
+        let oif = input
+            .uplink
+            .as_ref()
+            .map(|dev| format!("oifname \"{dev}\" "))
+            .unwrap_or_default();
+        post.push(format!(
+            "{oif}ip saddr {cidr} ip daddr != {cidr} masquerade"
+        ));
     }
     base(
         &mut out,

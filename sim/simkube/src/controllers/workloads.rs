@@ -1,9 +1,11 @@
-//! Workload controllers: ReplicaSets keep their pod count, Deployments roll ReplicaSets.
+//! Workload controllers: ReplicaSets keep their pod count, Deployments roll ReplicaSets,
+//! DaemonSets run one pod per eligible node.
 //!
 //! Both follow kube-controller-manager's behaviour as users observe it (names, labels, owner
 //! references, annotations, status fields, conditions and their reasons). Each reconcile reads
 //! fresh state through the API, asks a pure planner what to do, then applies it.
 
+pub mod daemonset;
 pub mod deployment;
 pub mod replicaset;
 

@@ -19,6 +19,7 @@ fn input(services: Vec<ServiceInfo>, slices: Vec<SliceInfo>) -> ProxyInput {
         service_cidr: Some("10.96.0.0/12".parse().expect("cidr")),
         masquerade_mark: DEFAULT_MASQUERADE_MARK,
         egress_masquerade: true,
+        uplink: Some("eth0".to_owned()),
         services,
         slices,
     }
@@ -362,7 +363,7 @@ fn fixed_part_of_the_table() {
         	chain nat-postrouting {
         		type nat hook postrouting priority srcnat; policy accept;
         		jump masquerading
-        		ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 masquerade
+        		oifname "eth0" ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 masquerade
         	}
         	chain services {
         		ip daddr . meta l4proto . th dport vmap @service-ips
@@ -768,6 +769,28 @@ fn egress_masquerade_and_service_cidr_are_optional() {
     assert!(!script.contains(" masquerade\n"), "{script}");
     assert!(!script.contains("10.96.0.0/12"), "{script}");
     assert!(script.contains("meta mark & 0x10 == 0 return"), "{script}");
+}
+
+#[test]
+fn egress_is_masqueraded_out_of_the_uplink_only() {
+    let mut case = input(Vec::new(), Vec::new());
+    let egress = |script: &str| {
+        script
+            .lines()
+            .filter(|l| l.contains("ip daddr != 10.244.0.0/16 masquerade"))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert_eq!(
+        egress(&plan(&case).script),
+        "oifname \"eth0\" ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 masquerade"
+    );
+    case.uplink = None;
+    assert_eq!(
+        egress(&plan(&case).script),
+        "ip saddr 10.244.0.0/16 ip daddr != 10.244.0.0/16 masquerade"
+    );
 }
 
 #[test]
