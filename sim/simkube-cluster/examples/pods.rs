@@ -680,6 +680,7 @@ impl ClusterGuard {
             node_grace_seconds: simkube_cluster::state::DEFAULT_NODE_GRACE_SECONDS,
             cluster_signing_seconds: simkube_cluster::state::DEFAULT_CLUSTER_SIGNING_SECONDS,
             private_api: false,
+            behind_nat: false,
             exe: simkube.to_owned(),
         };
         let mut up = tokio::task::spawn_blocking(move || {

@@ -44,7 +44,7 @@ pub fn run(state_dir: &Path, name: &str) -> Result<(), Error> {
         .map_err(Error::io("binding the admin listener on 127.0.0.1"))?;
     let metrics = std::net::TcpListener::bind(("127.0.0.1", 0))
         .map_err(Error::io("binding the metrics listener on 127.0.0.1"))?;
-    enter_netns(&record.underlay)?;
+    enter_netns(&record.network_netns())?;
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

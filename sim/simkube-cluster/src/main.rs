@@ -131,6 +131,14 @@ enum ClusterCommand {
         /// kubeconfig.
         #[arg(long)]
         private_api: bool,
+        /// Put the cluster behind NAT: its nodes reach the shared underlay only through a
+        /// masquerading router (namespace `sk.<name>.rtr`), so nothing in the underlay or in
+        /// other clusters can open a connection in (not to nodes, NodePorts, LoadBalancer IPs,
+        /// nor the API server address on the bridge), while replies to outbound connections
+        /// (TCP and UDP) come back, from the router's address. The host still reaches the API
+        /// server through the kubeconfig.
+        #[arg(long)]
+        behind_nat: bool,
     },
     /// Remove a cluster: daemon, agents, pods, namespaces, bridge, state.
     Down {
@@ -232,6 +240,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
             node_grace_period,
             cluster_signing_duration,
             private_api,
+            behind_nat,
         } => {
             let exe = std::env::current_exe().context("locating the simkube executable")?;
             let options = ops::UpOptions {
@@ -247,6 +256,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
                 node_grace_seconds: node_grace_period,
                 cluster_signing_seconds: cluster_signing_duration,
                 private_api,
+                behind_nat,
                 exe,
             };
             let summary = ops::up(&options, &mut |l| progress(l))
@@ -280,11 +290,7 @@ fn cluster(command: ClusterCommand) -> anyhow::Result<()> {
                     e.record.index,
                     e.record.nodes,
                     e.url.as_deref().unwrap_or("-"),
-                    if e.record.private_api {
-                        "private-api"
-                    } else {
-                        "open"
-                    },
+                    e.record.topology(),
                     if e.alive {
                         "running"
                     } else {

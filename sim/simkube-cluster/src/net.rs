@@ -87,6 +87,62 @@ pub fn ensure_underlay(underlay: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// Creates a `--behind-nat` cluster's router namespace, joined to the underlay by a veth
+/// (`skr<X>` there, `uplink` inside) on its transit /31, with forwarding on, a default route
+/// to the underlay and the masquerading rules.
+pub fn create_router(underlay: &str, plan: &Plan) -> Result<(), Error> {
+    let rtr = crate::topology::router_netns(&plan.name);
+    let veth = crate::topology::router_veth(plan.index);
+    let (outer, inner) = crate::topology::router_transit(plan.index);
+    ip(&["netns", "add", &rtr])?;
+    ip(&["-n", &rtr, "link", "set", "lo", "up"])?;
+    run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &rtr,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ],
+    )?;
+    ip(&[
+        "-n", underlay, "link", "add", &veth, "type", "veth", "peer", "name", "uplink", "netns",
+        &rtr,
+    ])?;
+    ip(&[
+        "-n",
+        underlay,
+        "addr",
+        "add",
+        &format!("{outer}/31"),
+        "dev",
+        &veth,
+    ])?;
+    ip(&["-n", underlay, "link", "set", &veth, "up"])?;
+    ip(&[
+        "-n",
+        &rtr,
+        "addr",
+        "add",
+        &format!("{inner}/31"),
+        "dev",
+        "uplink",
+    ])?;
+    ip(&["-n", &rtr, "link", "set", "uplink", "up"])?;
+    ip(&[
+        "-n",
+        &rtr,
+        "route",
+        "add",
+        "default",
+        "via",
+        &outer.to_string(),
+    ])?;
+    apply_nft(&rtr, &crate::topology::router_rules())
+}
+
 /// Creates the cluster's bridge (with the gateway address) in the underlay.
 pub fn create_bridge(underlay: &str, plan: &Plan) -> Result<(), Error> {
     let bridge = plan.bridge();
@@ -244,6 +300,11 @@ pub fn remove_underlay_if_unused(underlay: &str) -> Result<bool, Error> {
     }
     let links = ip(&["-n", underlay, "-o", "link", "show", "type", "bridge"])?;
     if links.lines().any(|l| !l.trim().is_empty()) {
+        return Ok(false);
+    }
+    // A `--behind-nat` cluster's bridge is in its router; its uplink veth is here.
+    let veths = ip(&["-n", underlay, "-o", "link", "show", "type", "veth"])?;
+    if veths.lines().any(|l| l.contains(": skr")) {
         return Ok(false);
     }
     delete_netns(underlay)?;

@@ -58,11 +58,35 @@ pub struct ClusterRecord {
     /// (`--private-api`); UDP stays open.
     #[serde(default)]
     pub private_api: bool,
+    /// The nodes reach the underlay only through a masquerading router namespace
+    /// (`--behind-nat`): nothing outside the cluster opens a connection in.
+    #[serde(default)]
+    pub behind_nat: bool,
     /// When the cluster was created (RFC 3339).
     pub created: String,
 }
 
 impl ClusterRecord {
+    /// The namespace holding the cluster's bridge, API server address and DNS: the underlay,
+    /// or the router namespace of a `--behind-nat` cluster.
+    pub fn network_netns(&self) -> String {
+        if self.behind_nat {
+            crate::topology::router_netns(&self.name)
+        } else {
+            self.underlay.clone()
+        }
+    }
+
+    /// The topology `cluster list` shows.
+    pub fn topology(&self) -> &'static str {
+        match (self.behind_nat, self.private_api) {
+            (true, true) => "nat+private",
+            (true, false) => "behind-nat",
+            (false, true) => "private-api",
+            (false, false) => "open",
+        }
+    }
+
     /// The addressing plan.
     pub fn plan(&self) -> Plan {
         let mut plan = Plan::new(&self.name, self.index, self.nodes);
@@ -321,6 +345,7 @@ mod tests {
             node_grace_seconds: 40,
             cluster_signing_seconds: DEFAULT_CLUSTER_SIGNING_SECONDS,
             private_api: false,
+            behind_nat: false,
             created: "2026-01-01T00:00:00Z".into(),
         }
     }

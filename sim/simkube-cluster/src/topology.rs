@@ -229,6 +229,48 @@ impl Plan {
     }
 }
 
+/// The router namespace of a `--behind-nat` cluster, between its bridge and the underlay.
+pub fn router_netns(name: &str) -> String {
+    format!("{NETNS_PREFIX}{name}.rtr")
+}
+
+/// The router's veth in the underlay, `skr<X>` (its peer in the router is `uplink`).
+pub fn router_veth(index: u8) -> String {
+    format!("skr{index}")
+}
+
+/// The /31 joining a `--behind-nat` cluster's router to the underlay: 198.18.254.0/23 split
+/// by index, (underlay side, router side).
+pub fn router_transit(index: u8) -> (Ipv4Addr, Ipv4Addr) {
+    let base = u32::from(Ipv4Addr::new(198, 18, 254, 0)) + 2 * u32::from(index);
+    (Ipv4Addr::from(base), Ipv4Addr::from(base + 1))
+}
+
+/// The router's rules: what leaves through `uplink` is masqueraded to the router's address;
+/// nothing arriving on `uplink` opens a connection (forwarded or to the router itself), while
+/// replies to the cluster's own connections (TCP and UDP, by conntrack) come back.
+pub fn router_rules() -> String {
+    "table ip sk-router {}\n\
+     delete table ip sk-router\n\
+     table ip sk-router {\n\
+     \tchain postrouting {\n\
+     \t\ttype nat hook postrouting priority srcnat; policy accept;\n\
+     \t\toifname \"uplink\" masquerade\n\
+     \t}\n\
+     \tchain forward {\n\
+     \t\ttype filter hook forward priority filter; policy accept;\n\
+     \t\tiifname \"uplink\" ct state established,related accept\n\
+     \t\tiifname \"uplink\" drop\n\
+     \t}\n\
+     \tchain input {\n\
+     \t\ttype filter hook input priority filter; policy accept;\n\
+     \t\tiifname \"uplink\" ct state established,related accept\n\
+     \t\tiifname \"uplink\" drop\n\
+     \t}\n\
+     }\n"
+    .to_owned()
+}
+
 /// The nftables table (family `ip`, in the underlay) that closes a `--private-api` cluster.
 pub fn firewall_table(name: &str) -> String {
     format!("skfw-{name}")
@@ -390,5 +432,25 @@ mod tests {
             }
         "#]]
         .assert_eq(&private_api_rules(&plan));
+    }
+
+    #[test]
+    fn routers_get_their_own_transit_inside_the_reserved_block() {
+        let block: Ipv4Net = "198.18.254.0/23".parse().expect("cidr");
+        let mut seen = BTreeSet::new();
+        for index in 1..=MAX_INDEX {
+            let (outer, inner) = router_transit(index);
+            assert!(block.contains(&outer) && block.contains(&inner), "{index}");
+            assert!(seen.insert(outer) && seen.insert(inner), "{index} overlaps");
+        }
+        assert_eq!(
+            router_transit(1),
+            (
+                "198.18.254.2".parse().expect("ip"),
+                "198.18.254.3".parse().expect("ip")
+            )
+        );
+        assert_eq!(router_netns("east"), "sk.east.rtr");
+        assert_eq!(router_veth(7), "skr7");
     }
 }

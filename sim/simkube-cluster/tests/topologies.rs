@@ -1,6 +1,8 @@
 //! Cluster topologies (root): a `--private-api` cluster refuses other clusters' TCP to its API
 //! server, NodePorts and LoadBalancer IPs while its own nodes reach them, keeps its UDP Services
-//! reachable from other clusters, is listed as such, and leaves nothing when brought down.
+//! reachable from other clusters, is listed as such, and leaves nothing when brought down; a
+//! `--behind-nat` cluster accepts nothing from outside (TCP or UDP) while its pods reach other
+//! clusters, seen as its router's address.
 
 mod support;
 
@@ -196,4 +198,150 @@ fn a_private_api_cluster_refuses_other_clusters_tcp_but_not_udp() {
         !tables.contains(&simkube_cluster::topology::firewall_table(&private)),
         "{tables}"
     );
+}
+
+const LOCAL_SERVICES: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: local-tcp, namespace: default}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  selector: {app: echo}
+  ports: [{name: tcp, port: 7000, targetPort: 7000}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local-udp, namespace: default}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  selector: {app: echo}
+  ports: [{name: udp, port: 7000, targetPort: 7000, protocol: UDP}]
+"#;
+
+/// A pod of the cluster behind `kubeconfig` sending to `target` over `proto` every 300 ms.
+fn sender(proto: &str, target: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata: {{name: send-{proto}, namespace: default}}
+spec:
+  containers:
+  - name: traffic
+    image: simkube.dev/traffic
+    args: ["--target", "{target}", "--proto", "{proto}", "--interval-ms", "300"]
+    env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+"#
+    )
+}
+
+#[test]
+fn a_cluster_behind_nat_accepts_nothing_from_outside_and_reaches_out_as_its_router() {
+    let Some(mut env) = Env::new("nat") else {
+        return;
+    };
+    let natted = env.name("na");
+    let other = env.name("nb");
+    let k_nat = env.up_with(&natted, 2, &["--behind-nat"]);
+    let k_other = env.up(&other, 2);
+    let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with(&natted) && l.contains(" behind-nat ")),
+        "{list}"
+    );
+    // Echo servers in both clusters (the host reaches both API servers via their kubeconfigs).
+    apply(&k_nat, WORKLOAD);
+    apply(&k_other, WORKLOAD);
+    let nat_tcp_lb = format!("{}:7000", lb_ip(&k_nat, "echo-lb"));
+    let nat_udp_lb = format!("{}:7000", lb_ip(&k_nat, "echo-udp"));
+    // The receiving Services keep the client's address (`externalTrafficPolicy: Local`, an
+    // endpoint on each node), so what the echo sees is what left the NAT router.
+    kubectl_ok(
+        &k_other,
+        &["scale", "deployment", "echo", "--replicas", "2"],
+    );
+    apply(&k_other, LOCAL_SERVICES);
+    eventually("two echo pods", Duration::from_secs(60), || {
+        let ready = jsonpath(
+            &k_other,
+            &["get", "deployment", "echo"],
+            "{.status.availableReplicas}",
+        );
+        (ready == "2").then_some(()).ok_or(ready)
+    });
+    let other_tcp_lb = format!("{}:7000", lb_ip(&k_other, "local-tcp"));
+    let other_udp_lb = format!("{}:7000", lb_ip(&k_other, "local-udp"));
+    let node_port = jsonpath(
+        &k_nat,
+        &["get", "service", "echo-np"],
+        "{.spec.ports[0].nodePort}",
+    );
+    let record = env.record(&natted);
+    let plan = record.plan();
+    let api = format!("{}:6443", plan.gateway());
+    let node_port_target = format!("{}:{node_port}", plan.node(1).ip);
+    let own = format!("sk.{natted}.n2");
+    let foreign = format!("sk.{other}.n1");
+
+    // Inside, everything answers (so the failures below are the router's doing).
+    assert!(tcp_connects(&own, &api), "own node to the API server");
+    for (target, proto) in [
+        (&node_port_target, "tcp"),
+        (&nat_tcp_lb, "tcp"),
+        (&nat_udp_lb, "udp"),
+    ] {
+        eventually(
+            &format!("own node to {target}/{proto}"),
+            Duration::from_secs(60),
+            || traffic(&own, target, proto),
+        );
+    }
+    // From another cluster's node and from the underlay itself: nothing opens.
+    for from in [foreign.as_str(), env.underlay.as_str()] {
+        for target in [&api, &node_port_target, &nat_tcp_lb] {
+            assert!(!tcp_connects(from, target), "{from} to {target}");
+        }
+        assert!(
+            traffic(from, &nat_udp_lb, "udp").is_err(),
+            "{from} to the UDP LoadBalancer"
+        );
+    }
+
+    // Out: a pod reaches the other cluster's LoadBalancers (TCP and UDP), seen as the router.
+    let (_, router) = simkube_cluster::topology::router_transit(record.index);
+    for (proto, target) in [("tcp", &other_tcp_lb), ("udp", &other_udp_lb)] {
+        apply(&k_nat, &sender(proto, target));
+        let pod = format!("send-{proto}");
+        let line = eventually(
+            &format!("{pod} gets answers"),
+            Duration::from_secs(60),
+            || {
+                let logs = kubectl_ok(&k_nat, &["logs", &pod]);
+                logs.lines()
+                    .find(|l| l.starts_with(&format!("{proto} pod=echo-")))
+                    .map(str::to_owned)
+                    .ok_or(logs)
+            },
+        );
+        assert!(
+            line.contains(&format!(" peer={router}:")),
+            "the receiver sees the router's address {router}: {line}"
+        );
+    }
+
+    let out = env.down(&natted);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !simkube_cluster::net::netns_exists(&simkube_cluster::topology::router_netns(&natted)),
+        "the router namespace is left"
+    );
+    assert!(!simkube_cluster::net::link_exists(
+        &env.underlay,
+        &simkube_cluster::topology::router_veth(record.index)
+    ));
 }

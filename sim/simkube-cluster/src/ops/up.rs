@@ -43,6 +43,8 @@ pub struct UpOptions {
     pub cluster_signing_seconds: u64,
     /// Close the cluster to other clusters' TCP (see [`ClusterRecord::private_api`]).
     pub private_api: bool,
+    /// Put the cluster behind a masquerading router (see [`ClusterRecord::behind_nat`]).
+    pub behind_nat: bool,
     /// The `simkube` executable (runs the daemon and the agents).
     pub exe: PathBuf,
 }
@@ -130,6 +132,7 @@ pub fn up(options: &UpOptions, progress: &mut dyn FnMut(&str)) -> Result<UpSumma
         node_grace_seconds: options.node_grace_seconds,
         cluster_signing_seconds: options.cluster_signing_seconds,
         private_api: options.private_api,
+        behind_nat: options.behind_nat,
         created: jiff::Timestamp::now().to_string(),
     };
     // The record goes first: whatever happens next, `down` knows what to remove.
@@ -164,13 +167,20 @@ fn create_and_start(
 ) -> Result<Child, Error> {
     let plan = record.plan();
     net::ensure_underlay(&record.underlay)?;
-    net::create_bridge(&record.underlay, &plan)?;
-    for node in plan.node_plans() {
-        net::create_node(&record.underlay, &plan, &node)?;
+    if record.behind_nat {
+        net::create_router(&record.underlay, &plan)?;
     }
-    net::route_lb_pool(&record.underlay, &plan)?;
+    // The bridge, and the routes to the LoadBalancer pool, live where the cluster's network
+    // ends: the underlay, or the router of a cluster behind NAT (which the underlay cannot
+    // route into).
+    let network = record.network_netns();
+    net::create_bridge(&network, &plan)?;
+    for node in plan.node_plans() {
+        net::create_node(&network, &plan, &node)?;
+    }
+    net::route_lb_pool(&network, &plan)?;
     if record.private_api {
-        net::apply_nft(&record.underlay, &topology::private_api_rules(&plan))?;
+        net::apply_nft(&network, &topology::private_api_rules(&plan))?;
     }
     progress(&format!(
         "network created: underlay {}, bridge {} {}, node namespaces {}n1..n{}",
