@@ -307,7 +307,10 @@ pub const FABRIC_ADMIN_PORT: i32 = 9103;
 pub fn fabric_labels() -> BTreeMap<String, String> {
     let mut l = common_labels();
     l.insert(NAME_LABEL.to_owned(), objects::FABRIC.to_owned());
-    l.insert(labels::COMPONENT.to_owned(), labels::COMPONENT_FABRIC.to_owned());
+    l.insert(
+        labels::COMPONENT.to_owned(),
+        labels::COMPONENT_FABRIC.to_owned(),
+    );
     l
 }
 

@@ -104,11 +104,11 @@ fn talk(from: &Sim, name: &str, node: &str, proto: &str, target: &str) -> Vec<St
             "Succeeded" | "Failed"
         )
     });
+    let phase = from.jsonpath(&["pod", name], "{.status.phase}");
     let logs = from.kubectl(&["logs", name]).stdout;
     from.kubectl(&["delete", "pod", name, "--wait=false"]);
     assert_eq!(
-        from.jsonpath(&["pod", name], "{.status.phase}"),
-        "Succeeded",
+        phase, "Succeeded",
         "{name} ({proto} to {target}) failed:\n{logs}"
     );
     logs.lines()
@@ -199,18 +199,27 @@ fn peered_clusters_with_the_same_pod_cidr_reach_each_others_pods_from_every_node
         }
     }
 
-    // ICMP from a node of a to a pod of b.
-    let target = remapped(&a_view, b_ips[0]).to_string();
-    let ns = format!("sk.{}.n1", a.name);
-    let ping = std::process::Command::new("ip")
-        .args(["netns", "exec", &ns, "ping", "-c", "2", "-W", "2", &target])
-        .output()
-        .expect("ping runs");
-    assert!(
-        ping.status.success(),
-        "ping {target} from {ns}: {}",
-        String::from_utf8_lossy(&ping.stdout)
-    );
+    // ICMP from a pod of a (in its sandbox namespace) to a pod of b on each node.
+    let uid = a.jsonpath(&["pod", &a_pods[0]], "{.metadata.uid}");
+    let sandbox = simkube_cluster::net::netns_with_prefix(&format!("sk.{}.", a.name))
+        .into_iter()
+        .find(|ns| ns.ends_with(&uid))
+        .unwrap_or_else(|| panic!("no sandbox namespace for pod {} ({uid})", a_pods[0]));
+    for ip in &b_ips {
+        let target = remapped(&a_view, *ip).to_string();
+        let ping = std::process::Command::new("ip")
+            .args([
+                "netns", "exec", &sandbox, "ping", "-c", "2", "-W", "2", &target,
+            ])
+            .output()
+            .expect("ping runs");
+        assert!(
+            ping.status.success(),
+            "ping {target} from pod {}: {}",
+            a_pods[0],
+            String::from_utf8_lossy(&ping.stdout)
+        );
+    }
 
     // Unpeer: no Tether object, gateway, route or link left on either side.
     a.tether(&["unpeer", "--remote-kubeconfig", b.kubeconfig()])

@@ -576,7 +576,8 @@ impl Fabric {
             }
         };
         let nodes: Vec<Node> = nodes.state().iter().map(|n| (**n).clone()).collect();
-        let built = tether_fabric::gateway_input(&tether_fabric::Settings::new(self.local_ip, mtu), &nodes);
+        let built =
+            tether_fabric::gateway_input(&tether_fabric::Settings::new(self.local_ip, mtu), &nodes);
         for note in &built.notes {
             tracing::debug!(note = %note, "fabric input");
         }
