@@ -174,6 +174,7 @@ fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
         pod_interfaces: args.pod_interfaces.clone(),
         underlay_mtu: None,
         reconcile_interval: tether_gateway::config::DEFAULT_RECONCILE_INTERVAL,
+        fabric_ip: args.pod_ip,
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -203,7 +204,6 @@ fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
             registry,
             health,
             shutdown.clone(),
-            args.pod_ip,
         )
         .await;
         shutdown.trigger();

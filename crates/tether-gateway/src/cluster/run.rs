@@ -100,7 +100,6 @@ pub async fn run(
     registry: Arc<Mutex<Registry>>,
     health: Health,
     shutdown: Shutdown,
-    fabric_ip: Option<std::net::Ipv4Addr>,
 ) -> Result<(), ClusterError> {
     if settings.underlay_mtu.is_none() {
         settings.underlay_mtu = default_route_mtu();
@@ -115,7 +114,7 @@ pub async fn run(
     let mut last_write = Instant::now() - STATUS_PERIOD;
     let mut conditions_now: Vec<conditions::Condition> = Vec::new();
     let mut first_run = true;
-    let mut fabric = fabric_ip.map(Fabric::new);
+    let mut fabric = settings.fabric_ip.map(Fabric::new);
     let mut last_handshakes = 0u64;
     let mut last_handshake: Option<Time> = None;
     let mut latency: Option<Latency> = None;

@@ -88,6 +88,8 @@ pub struct Settings {
     pub underlay_mtu: Option<u32>,
     /// Drift repair period.
     pub reconcile_interval: Duration,
+    /// This pod's IP, the local end of the fabric to the nodes; `None` runs no fabric.
+    pub fabric_ip: Option<std::net::Ipv4Addr>,
 }
 
 /// Why there is no configuration yet.

@@ -86,6 +86,7 @@ fn settings() -> Settings {
         pod_interfaces: vec![tether_api::names::fabric::DEVICE.to_owned()],
         underlay_mtu: Some(1500),
         reconcile_interval: Duration::from_secs(10),
+        fabric_ip: None,
     }
 }
 
