@@ -9,6 +9,8 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+pub mod net;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

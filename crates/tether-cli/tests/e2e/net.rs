@@ -1,0 +1,113 @@
+//! Pod traffic across peered simulated clusters: echo and traffic pods pinned to nodes, the
+//! remapped address of a remote pod, and the caller address a receiver reports.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use super::Sim;
+
+/// An echo pod pinned to `node`.
+pub fn echo_pod(name: &str, node: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  nodeName: {node}
+  containers:
+  - name: echo
+    image: simkube.dev/echo
+"
+    )
+}
+
+/// A one-shot traffic pod on `node` that talks `proto` to `target` three times.
+pub fn traffic_pod(name: &str, node: &str, proto: &str, target: &str) -> String {
+    format!(
+        "apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: default
+spec:
+  nodeName: {node}
+  restartPolicy: Never
+  containers:
+  - name: traffic
+    image: simkube.dev/traffic
+    args: [--target, \"{target}\", --proto, {proto}, --count, \"3\", --interval-ms, \"200\"]
+"
+    )
+}
+
+pub fn nodes(sim: &Sim) -> Vec<String> {
+    let mut n: Vec<String> = sim
+        .names(&["nodes"])
+        .into_iter()
+        .map(|n| n.trim_start_matches("node/").to_owned())
+        .collect();
+    n.sort();
+    n
+}
+
+pub fn pod_ip(sim: &Sim, pod: &str) -> Ipv4Addr {
+    let mut ip = String::new();
+    sim.wait(
+        &format!("pod {pod} running with an IP"),
+        Duration::from_secs(60),
+        || {
+            ip = sim.jsonpath(&["pod", pod], "{.status.podIP}");
+            !ip.is_empty() && sim.jsonpath(&["pod", pod], "{.status.phase}") == "Running"
+        },
+    );
+    ip.parse().expect("pod IP")
+}
+
+/// `addr` of the peer's pod CIDR as this cluster addresses it: the remap's prefix with the
+/// address's host bits.
+pub fn remapped(view: &str, addr: Ipv4Addr) -> Ipv4Addr {
+    let view: ipnet::Ipv4Net = view.parse().expect("remapped CIDR");
+    let host = u32::from(addr) & !u32::from(view.netmask());
+    Ipv4Addr::from(u32::from(view.network()) | host)
+}
+
+/// How `sim` addresses the pods of peer `remote_id`.
+pub fn view_of(sim: &Sim, remote_id: &str) -> String {
+    sim.jsonpath(
+        &[
+            "configurations.networking.tether.dev",
+            "-n",
+            &format!("tether-tenant-{remote_id}"),
+            remote_id,
+        ],
+        "{.status.remote.cidr.pod[0]}",
+    )
+}
+
+/// Runs a traffic pod in `from` and returns the peer addresses the echo reported.
+pub fn talk(from: &Sim, name: &str, node: &str, proto: &str, target: &str) -> Vec<String> {
+    from.apply_as(
+        std::path::Path::new(from.kubeconfig()),
+        &traffic_pod(name, node, proto, target),
+    )
+    .ok();
+    from.wait(&format!("{name} finished"), Duration::from_secs(60), || {
+        matches!(
+            from.jsonpath(&["pod", name], "{.status.phase}").as_str(),
+            "Succeeded" | "Failed"
+        )
+    });
+    let phase = from.jsonpath(&["pod", name], "{.status.phase}");
+    let logs = from.kubectl(&["logs", name]).stdout;
+    from.kubectl(&["delete", "pod", name, "--wait=false"]);
+    assert_eq!(
+        phase, "Succeeded",
+        "{name} ({proto} to {target}) failed:\n{logs}"
+    );
+    logs.lines()
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("peer=")))
+        .map(|p| p.rsplit_once(':').map_or(p, |(ip, _)| ip).to_owned())
+        .collect()
+}
