@@ -123,9 +123,11 @@ fn main_job() -> Result {
     ])?;
     tether(&["--kubeconfig", &kubeconfig(consumer), "status"])?;
     println!(
-        "\nTwo clusters, peered: {consumer} consumes from {provider}. Try:\n  \
+        "\nTwo clusters, peered: {consumer} consumes from {provider} and a tunnel joins their \
+         pod networks. Try:\n  \
          kubectl --kubeconfig {consumer}.kubeconfig get foreignclusters\n  \
          kubectl --kubeconfig {provider}.kubeconfig get tenants\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig get configurations,connections -A\n  \
          cargo run -q -p tether-cli -- --kubeconfig {provider}.kubeconfig status\n  \
          cargo xtask down"
     );
