@@ -57,6 +57,7 @@ fn api_resource(m: &Manifest) -> ApiResource {
         "RoleBinding" => "rolebindings",
         "ConfigMap" => "configmaps",
         "Deployment" => "deployments",
+        "DaemonSet" => "daemonsets",
         "Service" => "services",
         other => panic!("unexpected kind {other}"),
     };
@@ -267,6 +268,10 @@ async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
                 format,
                 "--cluster-id",
                 "same-1",
+                "--pod-cidr",
+                "10.244.0.0/16",
+                "--service-cidr",
+                "10.96.0.0/12",
             ])
             .await;
         dry.assert_code(0);
@@ -285,7 +290,7 @@ async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
             String::from_utf8_lossy(&applied.stderr)
         );
         let out = String::from_utf8_lossy(&applied.stdout);
-        assert_eq!(out.lines().count(), 23, "{out}");
+        assert_eq!(out.lines().count(), 30, "{out}");
     }
     // Printing changed nothing in a cluster that was never installed.
     let ns: Api<Namespace> = Api::all(via_install.client());
@@ -456,7 +461,7 @@ async fn uninstall_refuses_while_peered_and_force_removes_everything() {
     let refused = sim.tether(&["uninstall", "--timeout", "20s"]).await;
     refused.assert_fails(4, &["still peers with east-1", "tether unpeer", "--force"]);
     assert!(
-        read_back(&client, "gone-1").await.len() == 23,
+        read_back(&client, "gone-1").await.len() == 29,
         "nothing was removed"
     );
 

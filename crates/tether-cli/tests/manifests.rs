@@ -31,18 +31,22 @@ fn objects_come_in_dependency_order() {
         CustomResourceDefinition namespaceoffloadings.offloading.tether.dev
         CustomResourceDefinition shadowpods.offloading.tether.dev
         ServiceAccount tether-system/tether-controller
+        ServiceAccount tether-system/tether-fabric
         ClusterRole tether-controller
         ClusterRole tether-controller-tenant
         ClusterRole tether-tenant
         ClusterRole tether-gateway
         ClusterRole tether-gateway-nodes
+        ClusterRole tether-fabric
         ClusterRoleBinding tether-controller
+        ClusterRoleBinding tether-fabric
         Role tether-system/tether-controller
         Role default/tether-controller-apiserver
         RoleBinding tether-system/tether-controller
         RoleBinding default/tether-controller-apiserver
         ConfigMap tether-system/tether-cluster-id
         Deployment tether-system/tether-controller
+        DaemonSet tether-system/tether-fabric
         Service tether-system/tether-auth
     "#]]
     .assert_eq(&(order.join("\n") + "\n"));
@@ -150,7 +154,7 @@ fn rendering_is_deterministic() {
     let json: serde_json::Value =
         serde_json::from_str(&manifests::to_json(&manifests::render(&options()))).expect("json");
     assert_eq!(json["kind"], "List");
-    assert_eq!(json["items"].as_array().map(Vec::len), Some(25));
+    assert_eq!(json["items"].as_array().map(Vec::len), Some(29));
 }
 
 /// The whole of what Tether's roles allow. A change here is a change of the controller's
@@ -174,7 +178,7 @@ fn no_role_has_a_wildcard() {
             rule.verbs.push("*".to_owned());
         }
     }
-    assert_eq!(manifests::wildcards(&tampered).len(), 5);
+    assert_eq!(manifests::wildcards(&tampered).len(), 6);
 }
 
 /// The controller's arguments as `tetherd controller` parses them: the shared admin and log

@@ -58,6 +58,7 @@ impl Sim {
         let dir = tempfile::tempdir().expect("tempdir");
         let kubeconfig = dir.path().join("kubeconfig");
         cluster.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        kubeadm_config(&cluster.client()).await;
         Self {
             cluster,
             dir,
@@ -316,4 +317,18 @@ pub fn answer_foreign_clusters(
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
     })
+}
+
+/// What kubeadm writes about a cluster's networks (`kube-system/kubeadm-config`), so that
+/// `tether install` detects the pod CIDR here as it does on a kubeadm cluster.
+pub async fn kubeadm_config(client: &kube::Client) {
+    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "kubeadm-config", "namespace": "kube-system" },
+        "data": { "ClusterConfiguration": "apiVersion: kubeadm.k8s.io/v1beta3\nkind: ClusterConfiguration\nnetworking:\n  podSubnet: 10.244.0.0/16\n  serviceSubnet: 10.96.0.0/12\n" },
+    }))
+    .expect("ConfigMap");
+    kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), "kube-system")
+        .create(&Default::default(), &cm)
+        .await
+        .expect("kubeadm-config");
 }
