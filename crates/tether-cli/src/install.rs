@@ -131,7 +131,8 @@ pub async fn resolve_network(
     let service = service_flag.map(|s| vec![s]).unwrap_or(known_service);
     if pod.is_empty() {
         return Err(Error::Check(
-            "cannot tell this cluster's pod CIDR (no kube-system/kubeadm-config ConfigMap and no              earlier install): pass --pod-cidr, e.g. --pod-cidr 10.244.0.0/16 (and --service-cidr)"
+            "cannot tell this cluster's pod CIDR (no kube-system/kubeadm-config ConfigMap and no \
+             earlier install): pass --pod-cidr, e.g. --pod-cidr 10.244.0.0/16 (and --service-cidr)"
                 .to_owned(),
         ));
     }

@@ -1,6 +1,8 @@
 //! `tether status`: the local cluster and one row per peer, then every failing condition
 //! explained. The report is built and rendered by pure functions; `gather` does the reading.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
@@ -8,7 +10,8 @@ use kube::api::ListParams;
 use serde::Serialize;
 use tether_api::conditions::{self, types};
 use tether_api::core::{ForeignCluster, Phase, Role};
-use tether_api::names::{SYSTEM_NAMESPACE, objects};
+use tether_api::names::{SYSTEM_NAMESPACE, TENANT_NAMESPACE_PREFIX, objects};
+use tether_api::networking::{Configuration, Connection, ConnectionState};
 
 use crate::cluster::{self, Conn};
 use crate::error::{Error, Result, is_not_found};
@@ -72,6 +75,12 @@ pub struct PeerStatus {
     pub created: Option<String>,
     /// Age at the time of the report.
     pub age: String,
+    /// The tunnel to the peer, when the local gateway reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<TunnelView>,
+    /// How this cluster addresses the peer's CIDRs, once the exchange has settled them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub remaps: Vec<RemapView>,
     /// Every condition.
     pub conditions: Vec<ConditionView>,
 }
@@ -90,6 +99,78 @@ pub struct ConditionView {
     pub message: String,
 }
 
+/// The tunnel to one peer, as its Connection reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelView {
+    /// `Connected`, `Connecting`, `Error`, or `-` before the gateway first reports.
+    pub state: String,
+    /// The last measured round trip, such as `1.2ms`.
+    pub latency: Option<String>,
+    /// When the last WireGuard handshake completed (RFC 3339).
+    pub last_handshake: Option<String>,
+}
+
+/// One of the peer's CIDRs and the range this cluster reaches it through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RemapView {
+    /// `pod`, `service` or `external`.
+    pub kind: String,
+    /// The CIDR as the peer uses it.
+    pub remote: String,
+    /// The CIDR as this cluster addresses it; equal to `remote` when nothing collided.
+    pub local: String,
+}
+
+/// The networking objects of one peer's tenant namespace, for the report.
+#[derive(Debug, Clone, Default)]
+pub struct PeerNetwork {
+    /// The Connection `tether-gateway`.
+    pub connection: Option<Connection>,
+    /// The Configuration named after the peer.
+    pub configuration: Option<Configuration>,
+}
+
+fn tunnel_view(conn: &Connection) -> TunnelView {
+    let status = conn.status.clone().unwrap_or_default();
+    TunnelView {
+        state: status
+            .value
+            .map_or("-", |s| match s {
+                ConnectionState::Connected => "Connected",
+                ConnectionState::Connecting => "Connecting",
+                ConnectionState::Error => "Error",
+            })
+            .to_owned(),
+        latency: status.latency.map(|l| l.value),
+        last_handshake: status.last_handshake.map(|t| rfc3339(t.0)),
+    }
+}
+
+/// Pairs each real CIDR of the spec with its view in the status; index-aligned by contract,
+/// so a status that lags the spec yields only the pairs both sides already have.
+fn remap_views(conf: &Configuration) -> Vec<RemapView> {
+    let Some(view) = conf.status.as_ref().and_then(|s| s.remote.as_ref()) else {
+        return Vec::new();
+    };
+    let real = &conf.spec.remote.cidr;
+    let pairs = |kind: &str, real: &[String], seen: &[String]| -> Vec<RemapView> {
+        real.iter()
+            .zip(seen)
+            .map(|(r, l)| RemapView {
+                kind: kind.to_owned(),
+                remote: r.clone(),
+                local: l.clone(),
+            })
+            .collect()
+    };
+    let mut out = pairs("pod", &real.pod, &view.cidr.pod);
+    out.extend(pairs("service", &real.service, &view.cidr.service));
+    out.extend(pairs("external", &real.external, &view.cidr.external));
+    out
+}
+
 fn role_str(role: Option<Role>) -> &'static str {
     match role {
         Some(Role::Consumer) => "Consumer",
@@ -100,7 +181,7 @@ fn role_str(role: Option<Role>) -> &'static str {
 }
 
 /// One ForeignCluster as a row of the report.
-pub fn peer_status(fc: &ForeignCluster, now: Timestamp) -> PeerStatus {
+pub fn peer_status(fc: &ForeignCluster, net: &PeerNetwork, now: Timestamp) -> PeerStatus {
     let status = fc.status.clone().unwrap_or_default();
     let cond = |t: &str| {
         conditions::find(&status.conditions, t).map_or_else(|| "-".to_owned(), |c| c.status.clone())
@@ -116,6 +197,12 @@ pub fn peer_status(fc: &ForeignCluster, now: Timestamp) -> PeerStatus {
         api_server: cond(types::API_SERVER_REACHABLE),
         created: created.map(rfc3339),
         age: created.map_or_else(|| "<unknown>".to_owned(), |c| text::age(since(c, now))),
+        tunnel: net.connection.as_ref().map(tunnel_view),
+        remaps: net
+            .configuration
+            .as_ref()
+            .map(remap_views)
+            .unwrap_or_default(),
         conditions: status
             .conditions
             .iter()
@@ -129,9 +216,24 @@ pub fn peer_status(fc: &ForeignCluster, now: Timestamp) -> PeerStatus {
     }
 }
 
-/// Builds the report from what was read.
+/// Builds the report from what was read, without networking objects.
 pub fn report(local: LocalCluster, fcs: &[ForeignCluster], now: Timestamp) -> StatusReport {
-    let mut peers: Vec<PeerStatus> = fcs.iter().map(|fc| peer_status(fc, now)).collect();
+    report_with_network(local, fcs, &BTreeMap::new(), now)
+}
+
+/// Builds the report from what was read; `nets` holds each peer's networking objects by
+/// cluster ID.
+pub fn report_with_network(
+    local: LocalCluster,
+    fcs: &[ForeignCluster],
+    nets: &BTreeMap<String, PeerNetwork>,
+    now: Timestamp,
+) -> StatusReport {
+    let none = PeerNetwork::default();
+    let mut peers: Vec<PeerStatus> = fcs
+        .iter()
+        .map(|fc| peer_status(fc, nets.get(&fc.spec.cluster_id).unwrap_or(&none), now))
+        .collect();
     peers.sort_by(|a, b| a.cluster_id.cmp(&b.cluster_id));
     StatusReport {
         cluster: local,
@@ -175,6 +277,13 @@ pub fn render_table(r: &StatusReport) -> String {
                 p.networking.clone(),
                 p.offloading.clone(),
                 p.api_server.clone(),
+                p.tunnel
+                    .as_ref()
+                    .map_or_else(|| "-".to_owned(), |t| t.state.clone()),
+                p.tunnel
+                    .as_ref()
+                    .and_then(|t| t.latency.clone())
+                    .unwrap_or_else(|| "-".to_owned()),
                 p.age.clone(),
             ]
         })
@@ -188,10 +297,35 @@ pub fn render_table(r: &StatusReport) -> String {
             "NETWORKING",
             "OFFLOADING",
             "API SERVER",
+            "TUNNEL",
+            "LATENCY",
             "AGE",
         ],
         &rows,
     ));
+    let remaps: Vec<String> = r
+        .peers
+        .iter()
+        .flat_map(|p| {
+            p.remaps.iter().map(move |m| {
+                if m.remote == m.local {
+                    format!("  {}: {} {} (not remapped)", p.cluster_id, m.kind, m.remote)
+                } else {
+                    format!(
+                        "  {}: {} {} reached here as {}",
+                        p.cluster_id, m.kind, m.remote, m.local
+                    )
+                }
+            })
+        })
+        .collect();
+    if !remaps.is_empty() {
+        out.push_str("\nRemaps:\n");
+        for line in remaps {
+            out.push_str(&line);
+            out.push('\n');
+        }
+    }
     let failing: Vec<String> = r
         .peers
         .iter()
@@ -288,5 +422,36 @@ pub async fn gather(conn: &Conn) -> Result<StatusReport> {
         Err(e) if is_not_found(&e) => Vec::new(),
         Err(e) => return Err(Error::api("listing ForeignClusters")(e)),
     };
-    Ok(report(local, &fcs, Timestamp::now()))
+    let mut nets = BTreeMap::new();
+    for fc in &fcs {
+        nets.insert(fc.spec.cluster_id.clone(), peer_network(conn, fc).await?);
+    }
+    Ok(report_with_network(local, &fcs, &nets, Timestamp::now()))
+}
+
+/// Reads a peer's Connection and Configuration; absent ones (module off, CRDs not installed,
+/// exchange not done yet) are simply missing from the report.
+async fn peer_network(conn: &Conn, fc: &ForeignCluster) -> Result<PeerNetwork> {
+    let namespace = fc
+        .status
+        .as_ref()
+        .and_then(|s| s.tenant_namespace.as_ref())
+        .and_then(|t| t.local.clone())
+        .unwrap_or_else(|| format!("{TENANT_NAMESPACE_PREFIX}{}", fc.spec.cluster_id));
+    let connections: Api<Connection> = Api::namespaced(conn.client.clone(), &namespace);
+    let connection = match connections.get_opt(objects::GATEWAY).await {
+        Ok(c) => c,
+        Err(e) if is_not_found(&e) => None,
+        Err(e) => return Err(Error::api("reading the Connection tether-gateway")(e)),
+    };
+    let configurations: Api<Configuration> = Api::namespaced(conn.client.clone(), &namespace);
+    let configuration = match configurations.get_opt(&fc.spec.cluster_id).await {
+        Ok(c) => c,
+        Err(e) if is_not_found(&e) => None,
+        Err(e) => return Err(Error::api("reading the peer's Configuration")(e)),
+    };
+    Ok(PeerNetwork {
+        connection,
+        configuration,
+    })
 }

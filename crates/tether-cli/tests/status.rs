@@ -3,13 +3,17 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+
 use expect_test::expect;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use support::Sim;
 use tether_api::core::ForeignCluster;
-use tether_cli::status::{self, LocalCluster};
+use tether_api::networking::{Configuration, Connection};
+use tether_cli::status::{self, LocalCluster, PeerNetwork};
 
 fn fixture(name: &str, created: &str, status: serde_json::Value) -> ForeignCluster {
     serde_json::from_value(serde_json::json!({
@@ -75,10 +79,10 @@ fn the_table_lists_peers_and_explains_every_failing_condition() {
         Cluster west-1 (Tether v0.1.0): controller ready (1/1 replicas available, 1/1 updated)
         Authentication: https://198.51.100.9:443 (sha256:ab)
 
-        CLUSTER ID   ROLE       PHASE         AUTHENTICATION   NETWORKING   OFFLOADING   API SERVER   AGE
-        east-1       Provider   Established   True             Unknown      Unknown      False        120m
-        north-2      Unknown    -             -                -            -            -            30s
-        south-3      Unknown    Failed        False            -            -            -            2m
+        CLUSTER ID   ROLE       PHASE         AUTHENTICATION   NETWORKING   OFFLOADING   API SERVER   TUNNEL   LATENCY   AGE
+        east-1       Provider   Established   True             Unknown      Unknown      False        -        -         120m
+        north-2      Unknown    -             -                -            -            -            -        -         30s
+        south-3      Unknown    Failed        False            -            -            -            -        -         2m
 
         Failing conditions:
           east-1: APIServerReachable: Unreachable: https://198.51.100.7:6443 did not answer within 10s; check the provider's API server address (--api-server-url on its install)
@@ -141,6 +145,98 @@ fn the_json_form_carries_every_condition() {
     .assert_eq(&serde_json::to_string_pretty(&report).expect("json"));
 }
 
+fn networks() -> BTreeMap<String, PeerNetwork> {
+    let connection: Connection = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.tether.dev/v1alpha1",
+        "kind": "Connection",
+        "metadata": {"name": "tether-gateway", "namespace": "tether-tenant-east-1"},
+        "spec": {"remoteClusterID": "east-1", "type": "Client",
+            "gatewayRef": {"name": "tether-gateway"}},
+        "status": {"value": "Connected",
+            "latency": {"value": "1.3ms", "timestamp": "2029-12-31T23:59:58Z"},
+            "lastHandshake": "2029-12-31T23:59:40Z", "mtu": 1340},
+    }))
+    .expect("fixture Connection");
+    let configuration: Configuration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "networking.tether.dev/v1alpha1",
+        "kind": "Configuration",
+        "metadata": {"name": "east-1", "namespace": "tether-tenant-east-1"},
+        "spec": {"remote": {"clusterID": "east-1",
+            "cidr": {"pod": ["10.244.0.0/16"], "external": ["192.0.2.0/24"]}}},
+        "status": {"remote": {"clusterID": "east-1",
+            "cidr": {"pod": ["10.245.0.0/16"], "external": ["192.0.2.0/24"]}}},
+    }))
+    .expect("fixture Configuration");
+    // A Connection the gateway has not reported on yet, and no Configuration.
+    let mut waiting = connection.clone();
+    waiting.status = None;
+    BTreeMap::from([
+        (
+            "east-1".to_owned(),
+            PeerNetwork {
+                connection: Some(connection),
+                configuration: Some(configuration),
+            },
+        ),
+        (
+            "north-2".to_owned(),
+            PeerNetwork {
+                connection: Some(waiting),
+                configuration: None,
+            },
+        ),
+    ])
+}
+
+#[test]
+fn the_table_shows_each_tunnel_its_latency_and_the_remaps() {
+    let report = status::report_with_network(local(), &fixtures(), &networks(), now());
+    expect![[r#"
+        Cluster west-1 (Tether v0.1.0): controller ready (1/1 replicas available, 1/1 updated)
+        Authentication: https://198.51.100.9:443 (sha256:ab)
+
+        CLUSTER ID   ROLE       PHASE         AUTHENTICATION   NETWORKING   OFFLOADING   API SERVER   TUNNEL      LATENCY   AGE
+        east-1       Provider   Established   True             Unknown      Unknown      False        Connected   1.3ms     120m
+        north-2      Unknown    -             -                -            -            -            -           -         30s
+        south-3      Unknown    Failed        False            -            -            -            -           -         2m
+
+        Remaps:
+          east-1: pod 10.244.0.0/16 reached here as 10.245.0.0/16
+          east-1: external 192.0.2.0/24 (not remapped)
+
+        Failing conditions:
+          east-1: APIServerReachable: Unreachable: https://198.51.100.7:6443 did not answer within 10s; check the provider's API server address (--api-server-url on its install)
+          south-3: Authentication: TokenRejected: the provider rejected the token (expired); ask its admin for a new `tether generate peer-command`
+    "#]].assert_eq(&status::render_table(&report));
+    let east = serde_json::to_value(&report.peers[0]).expect("json");
+    expect![[r#"
+        {
+          "tunnel": {
+            "state": "Connected",
+            "latency": "1.3ms",
+            "lastHandshake": "2029-12-31T23:59:40Z"
+          },
+          "remaps": [
+            {
+              "kind": "pod",
+              "remote": "10.244.0.0/16",
+              "local": "10.245.0.0/16"
+            },
+            {
+              "kind": "external",
+              "remote": "192.0.2.0/24",
+              "local": "192.0.2.0/24"
+            }
+          ]
+        }"#]]
+    .assert_eq(
+        &serde_json::to_string_pretty(&serde_json::json!({
+            "tunnel": east["tunnel"], "remaps": east["remaps"]
+        }))
+        .expect("json"),
+    );
+}
+
 #[test]
 fn image_tags_and_digests_name_the_version() {
     assert_eq!(
@@ -176,8 +272,59 @@ async fn status_reads_the_cluster_and_its_peers() {
                 .expect("status");
         }
     }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "tether-tenant-east-1"}}),
+            )
+            .expect("namespace"),
+        )
+        .await
+        .expect("create namespace");
+    let net = networks().remove("east-1").expect("east-1 network");
+    let connections: Api<Connection> = Api::namespaced(client.clone(), "tether-tenant-east-1");
+    let connection = net.connection.expect("connection");
+    let mut fresh = connection.clone();
+    fresh.status = None;
+    connections
+        .create(&PostParams::default(), &fresh)
+        .await
+        .expect("create Connection");
+    connections
+        .patch_status(
+            "tether-gateway",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": connection.status})),
+        )
+        .await
+        .expect("Connection status");
+    let configurations: Api<Configuration> =
+        Api::namespaced(client.clone(), "tether-tenant-east-1");
+    let configuration = net.configuration.expect("configuration");
+    let mut fresh = configuration.clone();
+    fresh.status = None;
+    configurations
+        .create(&PostParams::default(), &fresh)
+        .await
+        .expect("create Configuration");
+    configurations
+        .patch_status(
+            "east-1",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"status": configuration.status})),
+        )
+        .await
+        .expect("Configuration status");
     let run = sim.tether(&["status"]).await;
     run.assert_code(0);
+    assert!(
+        run.stdout
+            .contains("east-1: pod 10.244.0.0/16 reached here as 10.245.0.0/16"),
+        "{}",
+        run.stdout
+    );
     assert!(
         run.stdout.starts_with("Cluster west-1 (Tether v"),
         "{}",
@@ -196,7 +343,7 @@ async fn status_reads_the_cluster_and_its_peers() {
         .find(|l| l.starts_with("east-1"))
         .expect("east-1 row");
     assert_eq!(
-        row.split_whitespace().take(7).collect::<Vec<_>>(),
+        row.split_whitespace().take(9).collect::<Vec<_>>(),
         [
             "east-1",
             "Provider",
@@ -204,7 +351,9 @@ async fn status_reads_the_cluster_and_its_peers() {
             "True",
             "Unknown",
             "Unknown",
-            "False"
+            "False",
+            "Connected",
+            "1.3ms"
         ]
     );
     for format in ["json", "yaml"] {

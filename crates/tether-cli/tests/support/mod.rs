@@ -84,7 +84,14 @@ impl Sim {
     /// `tether install --no-wait --cluster-id id`, asserting success.
     pub async fn install(&self, id: &str) {
         let run = self
-            .tether(&["install", "--no-wait", "--cluster-id", id])
+            .tether(&[
+                "install",
+                "--no-wait",
+                "--cluster-id",
+                id,
+                "--pod-cidr",
+                "10.244.0.0/16",
+            ])
             .await;
         run.assert_code(0);
     }

@@ -251,3 +251,42 @@ pub fn local_view(conf: &Configuration) -> Option<&ClusterCidrs> {
         .filter(|c| c.status == Status::True.as_str())
         .and(st.remote.as_ref())
 }
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+
+    use super::*;
+
+    fn conf(peer: &str, pod: &[&str], external: &[&str]) -> Configuration {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "networking.tether.dev/v1alpha1",
+            "kind": "Configuration",
+            "metadata": {"name": peer, "namespace": format!("tether-tenant-{peer}")},
+            "spec": {"remote": {"clusterID": peer, "cidr": {"pod": pod, "external": external}}},
+        }))
+        .expect("fixture Configuration")
+    }
+
+    #[test]
+    fn a_bad_cidr_names_its_field_and_fails_only_its_own_peer() {
+        let all = [
+            conf("good", &["10.244.0.0/16"], &[]),
+            conf("host-bits", &["10.244.1.7/16"], &[]),
+            conf("garbage", &["10.244.0.0/16"], &["not-a-cidr"]),
+        ];
+        let r = requests(&all);
+        let ok: Vec<&str> = r.ok.iter().map(|q| q.peer.as_str()).collect();
+        assert_eq!(ok, ["good"]);
+        let bad: String = r.bad.iter().map(|(p, m)| format!("{p}: {m}\n")).collect();
+        expect![[r#"
+            host-bits: Configuration tether-tenant-host-bits/host-bits: spec.remote.cidr.pod holds 10.244.1.7/16, which has host bits set (did you mean 10.244.0.0/16?)
+            garbage: Configuration tether-tenant-garbage/garbage: spec.remote.cidr.external holds "not-a-cidr", which is not an IPv4 CIDR
+        "#]].assert_eq(&bad);
+        assert!(requests(&all).map_err_for("good").is_ok());
+        let err = requests(&all)
+            .map_err_for("host-bits")
+            .expect_err("host bits");
+        assert!(err.to_string().contains("spec.remote.cidr.pod"), "{err}");
+    }
+}
