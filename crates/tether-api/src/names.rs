@@ -55,6 +55,9 @@ pub mod annotations {
     pub const TOKEN_EXPIRES: &str = "tether.dev/expires";
     /// A human note on a peering token (`--description`).
     pub const TOKEN_DESCRIPTION: &str = "tether.dev/description";
+    /// On a GatewayServer or GatewayClient: the cluster whose consumer step manages the
+    /// tunnel, so that the other direction of a two-way peering shares it instead.
+    pub const TUNNEL_CONSUMER: &str = "tether.dev/tunnel-consumer";
 }
 
 /// Finalizers.

@@ -268,15 +268,29 @@ pub fn failure(fc: &ForeignCluster) -> Option<String> {
 }
 
 fn connected(fc: &ForeignCluster) -> bool {
-    fc.status
-        .as_ref()
-        .is_some_and(|s| conditions::is_true(&s.conditions, types::NETWORKING))
+    current_and_true(fc, types::NETWORKING)
 }
 
 fn authenticated(fc: &ForeignCluster) -> bool {
-    fc.status
+    current_and_true(fc, types::AUTHENTICATION)
+}
+
+/// Whether condition `type_` is True for the spec as it is now. A ForeignCluster that showed
+/// the remote as a tenant already says authenticated and connected (for the other direction)
+/// before the controller has looked at the provider access `tether peer` just added.
+fn current_and_true(fc: &ForeignCluster, type_: &str) -> bool {
+    let Some(c) = fc
+        .status
         .as_ref()
-        .is_some_and(|s| conditions::is_true(&s.conditions, types::AUTHENTICATION))
+        .and_then(|s| conditions::find(&s.conditions, type_))
+    else {
+        return false;
+    };
+    let stale = matches!(
+        (c.observed_generation, fc.metadata.generation),
+        (Some(seen), Some(now)) if seen < now
+    );
+    c.status == "True" && !stale
 }
 
 /// Whether the Deployment of the controller in `conn` has rolled out.
@@ -876,5 +890,41 @@ async fn wait_provider_side_gone(
             )));
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fc(generation: i64, observed: Option<i64>, status: &str) -> ForeignCluster {
+        let mut fc: ForeignCluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "core.tether.dev/v1alpha1",
+            "kind": "ForeignCluster",
+            "metadata": { "name": "beta" },
+            "spec": { "clusterID": "beta" },
+        }))
+        .expect("a ForeignCluster");
+        fc.metadata.generation = Some(generation);
+        let mut st = tether_api::core::ForeignClusterStatus::default();
+        st.conditions.push(conditions::Condition {
+            type_: types::NETWORKING.to_owned(),
+            status: status.to_owned(),
+            reason: "Connected".to_owned(),
+            message: String::new(),
+            observed_generation: observed,
+            last_transition_time: conditions::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        });
+        fc.status = Some(st);
+        fc
+    }
+
+    #[test]
+    fn a_condition_of_an_older_spec_does_not_count() {
+        assert!(connected(&fc(2, Some(2), "True")));
+        assert!(connected(&fc(2, None, "True")));
+        assert!(!connected(&fc(3, Some(2), "True")));
+        assert!(!connected(&fc(2, Some(2), "False")));
+        assert!(!authenticated(&fc(2, Some(2), "True")));
     }
 }

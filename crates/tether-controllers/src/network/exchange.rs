@@ -7,7 +7,7 @@ use serde_json::json;
 use tether_api::ClusterId;
 use tether_api::conditions::Status;
 use tether_api::core::{GatewayServerSide, NetworkingOptions};
-use tether_api::names::{self, objects};
+use tether_api::names::{self, annotations, objects};
 use tether_api::networking::{
     Configuration, Connection, ConnectionState, Endpoint, GatewayClient, GatewayServer,
 };
@@ -19,6 +19,40 @@ use crate::namespaces::peer_labels;
 
 /// The field manager of what the consumer writes in its provider's cluster.
 const CONSUMER_MANAGER: &str = "tether-consumer";
+
+/// The field manager of the consumer's Configuration in the provider's cluster. In a two-way
+/// peering that object is also the provider's own copy, which the provider's consumer step
+/// applies with `spec.local`: a manager of its own keeps the two applies from removing each
+/// other's fields.
+const PEER_MANAGER: &str = "tether-peer";
+
+/// Who manages the tunnel to a peer, from this direction's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelRole {
+    /// This cluster's consumer step applies (and switches) the gateway pair.
+    Manage,
+    /// The other direction of a two-way peering created the tunnel: this direction only
+    /// exchanges Configurations and reports that tunnel's Connection.
+    Share {
+        /// The consumer cluster that manages the tunnel.
+        managed_by: String,
+    },
+}
+
+/// Decides the [`TunnelRole`] from the `tether.dev/tunnel-consumer` annotations of the
+/// gateways found in both tenant namespaces (`None` for a gateway without one, made before
+/// the annotation existed, which counts as this direction's). When both directions started a
+/// tunnel at once, the smaller cluster ID keeps managing so that exactly one pair remains.
+pub fn tunnel_role(own: &str, found: &[Option<&str>]) -> TunnelRole {
+    let ours = found.iter().any(|o| o.is_none_or(|o| o == own));
+    let other = found.iter().flatten().filter(|o| **o != own).min().copied();
+    match other {
+        Some(o) if !ours || o < own => TunnelRole::Share {
+            managed_by: o.to_owned(),
+        },
+        _ => TunnelRole::Manage,
+    }
+}
 
 /// Where the networking module stands, for the ForeignCluster's `Networking` condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,7 +109,7 @@ pub async fn consumer_step(
     let there = api::<Configuration>(provider, remote_ns)
         .patch(
             own.as_str(),
-            &apply_params(),
+            &PatchParams::apply(PEER_MANAGER).force(),
             &Patch::Apply(json!({
                 "apiVersion": "networking.tether.dev/v1alpha1",
                 "kind": "Configuration",
@@ -126,12 +160,20 @@ pub async fn consumer_step(
         ));
     }
 
-    // 3. The gateways.
-    let gateway = match options.gateway_server {
-        GatewayServerSide::Provider => {
+    // 3. The gateways, unless the other direction of a two-way peering runs the tunnel.
+    let found = [
+        tunnel_consumer::<GatewayServer>(&ctx.client, &local_ns).await?,
+        tunnel_consumer::<GatewayClient>(&ctx.client, &local_ns).await?,
+        tunnel_consumer::<GatewayServer>(provider, remote_ns).await?,
+        tunnel_consumer::<GatewayClient>(provider, remote_ns).await?,
+    ];
+    let found: Vec<Option<&str>> = found.iter().flatten().map(|o| o.as_deref()).collect();
+    let gateway = match (tunnel_role(own.as_str(), &found), options.gateway_server) {
+        (TunnelRole::Share { .. }, _) => None,
+        (TunnelRole::Manage, GatewayServerSide::Provider) => {
             server_there(ctx, provider, remote, remote_ns, &local_ns, options).await?
         }
-        GatewayServerSide::Consumer => {
+        (TunnelRole::Manage, GatewayServerSide::Consumer) => {
             server_here(ctx, provider, remote, remote_ns, &local_ns, options).await?
         }
     };
@@ -235,13 +277,52 @@ fn client_spec(
     spec
 }
 
-fn object(kind: &str, labels_for: &ClusterId, spec: serde_json::Value) -> serde_json::Value {
+fn object(
+    kind: &str,
+    labels_for: &ClusterId,
+    consumer: &ClusterId,
+    spec: serde_json::Value,
+) -> serde_json::Value {
     json!({
         "apiVersion": "networking.tether.dev/v1alpha1",
         "kind": kind,
-        "metadata": { "name": objects::GATEWAY, "labels": peer_labels(labels_for) },
+        "metadata": {
+            "name": objects::GATEWAY,
+            "labels": peer_labels(labels_for),
+            "annotations": { annotations::TUNNEL_CONSUMER: consumer.as_str() },
+        },
         "spec": spec,
     })
+}
+
+/// The gateway of kind `K` in `ns`, if any: `Some(annotation)`, the annotation being the
+/// consumer that manages its tunnel. A namespace the identity cannot read counts as empty.
+async fn tunnel_consumer<K>(
+    client: &kube::Client,
+    ns: &str,
+) -> Result<Option<Option<String>>, Error>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    match api::<K>(client, ns).get_opt(objects::GATEWAY).await {
+        Ok(found) => Ok(found
+            .filter(|g| g.meta().deletion_timestamp.is_none())
+            .map(|g| {
+                g.meta()
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(annotations::TUNNEL_CONSUMER).cloned())
+            })),
+        Err(kube::Error::Api(e)) if e.code == 403 => Ok(None),
+        Err(e) => Err(Error::kube(format!(
+            "reading the gateway {ns}/{}",
+            objects::GATEWAY
+        ))(e)),
+    }
 }
 
 /// Deletes a leftover gateway of the other kind (the side was switched).
@@ -292,6 +373,7 @@ async fn server_there(
             &Patch::Apply(object(
                 "GatewayServer",
                 own,
+                own,
                 server_spec(own, options, client_key.clone()),
             )),
         )
@@ -318,6 +400,7 @@ async fn server_there(
             &Patch::Apply(object(
                 "GatewayClient",
                 remote,
+                own,
                 client_spec(remote, options, &dial(options, &endpoint), &server_key),
             )),
         )
@@ -364,6 +447,7 @@ async fn server_here(
             &Patch::Apply(object(
                 "GatewayServer",
                 remote,
+                own,
                 server_spec(remote, options, client_key.clone()),
             )),
         )
@@ -390,6 +474,7 @@ async fn server_here(
             &Patch::Apply(object(
                 "GatewayClient",
                 own,
+                own,
                 client_spec(own, options, &dial(options, &endpoint), &server_key),
             )),
         )
@@ -405,4 +490,62 @@ async fn server_here(
         )));
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+
+    use super::*;
+
+    /// One line per case: who finds which gateways, and what it decides.
+    #[test]
+    fn tunnel_role_by_the_gateways_found() {
+        let cases: &[(&str, &[Option<&str>])] = &[
+            ("alpha", &[]),
+            ("alpha", &[Some("alpha"), Some("alpha")]),
+            ("alpha", &[None]),
+            ("beta", &[Some("alpha"), Some("alpha")]),
+            ("beta", &[Some("alpha")]),
+            ("alpha", &[Some("alpha"), Some("beta")]),
+            ("beta", &[Some("beta"), Some("alpha")]),
+            ("beta", &[None, Some("alpha")]),
+            ("gamma", &[Some("beta"), Some("alpha")]),
+        ];
+        let out: String = cases
+            .iter()
+            .map(|(own, found)| format!("{own} {found:?} -> {:?}\n", tunnel_role(own, found)))
+            .collect();
+        expect![[r#"
+            alpha [] -> Manage
+            alpha [Some("alpha"), Some("alpha")] -> Manage
+            alpha [None] -> Manage
+            beta [Some("alpha"), Some("alpha")] -> Share { managed_by: "alpha" }
+            beta [Some("alpha")] -> Share { managed_by: "alpha" }
+            alpha [Some("alpha"), Some("beta")] -> Manage
+            beta [Some("beta"), Some("alpha")] -> Share { managed_by: "alpha" }
+            beta [None, Some("alpha")] -> Share { managed_by: "alpha" }
+            gamma [Some("beta"), Some("alpha")] -> Share { managed_by: "alpha" }
+        "#]]
+        .assert_eq(&out);
+    }
+
+    proptest::proptest! {
+        /// Whatever both clusters find, at most one of them manages the tunnel, and one does
+        /// once it sees its own gateway or none.
+        #[test]
+        fn at_most_one_direction_manages(
+            found in proptest::collection::vec(
+                proptest::option::of(proptest::sample::select(vec!["alpha", "beta"])),
+                0..4,
+            ),
+        ) {
+            let a = tunnel_role("alpha", &found) == TunnelRole::Manage;
+            let b = tunnel_role("beta", &found) == TunnelRole::Manage;
+            // Two managers only while nothing is annotated yet (or only legacy gateways).
+            let annotated = !found.is_empty() && found.iter().all(Option::is_some);
+            proptest::prop_assert!(!(annotated && a && b));
+            proptest::prop_assert!(a || b);
+        }
+    }
 }
