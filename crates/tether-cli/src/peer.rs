@@ -391,17 +391,39 @@ pub async fn peer(
     ));
 
     let fcs: Api<ForeignCluster> = Api::all(consumer.client.clone());
-    let existing = fcs
+    let mut existing = fcs
         .get_opt(provider_id.as_str())
         .await
         .map_err(Error::api(format!("reading ForeignCluster {provider_id}")))?;
-    if let Some(fc) = &existing {
-        if fc.metadata.deletion_timestamp.is_some() {
-            return Err(Error::Check(format!(
-                "the peering with {provider_id} is being torn down; wait until `tether status` no \
-                 longer lists it, then peer again"
-            )));
+    if existing
+        .as_ref()
+        .is_some_and(|fc| fc.metadata.deletion_timestamp.is_some())
+    {
+        // An earlier peering (or a failed run) is still being torn down: peering again is
+        // what the user asked for, so wait for it to go rather than fail.
+        progress.phase(format!(
+            "waiting for the earlier peering with {provider_id} to be torn down"
+        ));
+        while existing
+            .as_ref()
+            .is_some_and(|fc| fc.metadata.deletion_timestamp.is_some())
+        {
+            if Instant::now() >= deadline {
+                progress.failed("timed out");
+                return Err(Error::Check(format!(
+                    "the peering with {provider_id} is still being torn down; wait until `tether \
+                     status` no longer lists it, then peer again"
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+            existing = fcs
+                .get_opt(provider_id.as_str())
+                .await
+                .map_err(Error::api(format!("reading ForeignCluster {provider_id}")))?;
         }
+        progress.done("the earlier peering is gone");
+    }
+    if let Some(fc) = &existing {
         let same_access = fc
             .spec
             .provider

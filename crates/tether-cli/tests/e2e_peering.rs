@@ -484,9 +484,12 @@ metadata:
             !roles.iter().any(|r| r.contains("tether")),
             "cluster roles left: {roles:?}"
         );
-        assert!(
-            sim.controller_pids(if sim.name == a.name { "alpha" } else { "beta" })
-                .is_empty()
+        // The pods went with the namespace; their processes end within the grace period.
+        let id = if sim.name == a.name { "alpha" } else { "beta" };
+        sim.wait(
+            "the controller processes to end",
+            Duration::from_secs(60),
+            || sim.controller_pids(id).is_empty(),
         );
     }
 }

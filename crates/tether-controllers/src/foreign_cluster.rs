@@ -293,7 +293,7 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         st.api_server_url = None;
         conditions_remove(&mut st, types::API_SERVER_REACHABLE);
         if tenant.is_some() {
-            net = Some(served_network(fctx, &remote).await?);
+            net = served_network(fctx, &remote).await?;
         }
         match &tenant {
             Some(t) => AuthOutcome {
@@ -332,25 +332,26 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
 }
 
 /// The networking state of a peering in which the remote consumes from here: what the
-/// local gateway reports, if the consumer asked for one.
-async fn served_network(fctx: &FcCtx, remote: &ClusterId) -> Result<NetOutcome, Error> {
+/// local gateway reports, or `None` while no gateway reports (the consumer did not ask for a
+/// tunnel, or it is not running yet).
+async fn served_network(fctx: &FcCtx, remote: &ClusterId) -> Result<Option<NetOutcome>, Error> {
     let ns = names::tenant_namespace(remote);
     let conn = Api::<Connection>::namespaced(fctx.ctx.client.clone(), &ns)
         .get_opt(objects::GATEWAY)
         .await;
-    Ok(match conn {
-        Ok(c) => crate::network::exchange::connection_outcome(remote, c.as_ref()),
+    match conn {
+        Ok(Some(c)) => Ok(Some(crate::network::exchange::connection_outcome(
+            remote,
+            Some(&c),
+        ))),
+        Ok(None) => Ok(None),
         // The tenant namespace is not there yet (or not bound): nothing is running.
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => {
-            crate::network::exchange::connection_outcome(remote, None)
-        }
-        Err(e) => {
-            return Err(Error::kube(format!(
-                "reading Connection {ns}/{}",
-                objects::GATEWAY
-            ))(e));
-        }
-    })
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => Ok(None),
+        Err(e) => Err(Error::kube(format!(
+            "reading Connection {ns}/{}",
+            objects::GATEWAY
+        ))(e)),
+    }
 }
 
 /// Whether the controller created this ForeignCluster to show a tenant (the provider side),
@@ -416,6 +417,8 @@ async fn finish(
         None => {
             let message = if fc.spec.modules.networking.enabled && fc.spec.provider.is_some() {
                 "waiting for authentication, which networking builds on".to_owned()
+            } else if fc.spec.provider.is_none() {
+                "no tunnel with this cluster is running".to_owned()
             } else {
                 "the networking module is off for this peering".to_owned()
             };

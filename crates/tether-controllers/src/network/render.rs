@@ -329,12 +329,16 @@ mod tests {
                       - tether-tenant-c2
                       - --gateway-server
                       - tether-gateway
-                      - --admin-addr=0.0.0.0:9102
+                      - --metrics-addr=0.0.0.0:9102
                       env:
                       - name: POD_NAME
                         valueFrom:
                           fieldRef:
                             fieldPath: metadata.name
+                      - name: POD_IP
+                        valueFrom:
+                          fieldRef:
+                            fieldPath: status.podIP
                       - name: NODE_NAME
                         valueFrom:
                           fieldRef:
