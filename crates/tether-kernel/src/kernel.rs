@@ -131,7 +131,8 @@ impl Kernel {
         let links = Links::dump(&self.handle).await?;
         let routes =
             netlink::owned_routes(&self.handle, &links, ownership.route_tables, protocol).await?;
-        let rules = netlink::owned_rules(&self.handle, ownership.rule_priority, protocol).await?;
+        let (rules, local_rule_hidden) =
+            netlink::owned_rules(&self.handle, ownership, protocol).await?;
         let addresses = netlink::owned_addresses(&self.handle, &links, protocol).await?;
         let sysctls = desired
             .map(|plan| {
@@ -163,6 +164,7 @@ impl Kernel {
             ruleset_fingerprint,
             sysctls,
             addresses,
+            local_rule_hidden,
         })
     }
 
@@ -235,6 +237,8 @@ impl Kernel {
             Op::DelRoute(route) => netlink::del_route(handle, links, route, protocol).await,
             Op::AddRule(rule) => netlink::add_rule(handle, rule, protocol).await,
             Op::DelRule(rule) => netlink::del_rule(handle, rule, protocol).await,
+            Op::HideLocalRule => netlink::hide_local_rule(handle).await,
+            Op::RestoreLocalRule => netlink::restore_local_rule(handle).await,
             Op::AddAddress(address) => netlink::add_address(handle, links, address, protocol).await,
             Op::DelAddress(address) => netlink::del_address(handle, links, address).await,
             Op::SetSysctl(s) => sysctl::write(&s.key, &s.value),
@@ -280,11 +284,15 @@ impl Kernel {
         if let Some(rule) = plan
             .rules
             .iter()
-            .find(|r| r.priority != ownership.rule_priority)
+            .find(|r| !ownership.owns_rule_priority(r.priority))
         {
             return Err(KernelError::NotOwned {
                 object: format!("rule {rule}"),
-                why: format!("our rule priority is {}", ownership.rule_priority),
+                why: format!(
+                    "our rule priorities are {} and {}",
+                    ownership.rule_priority,
+                    ownership.local_rule_priority()
+                ),
             });
         }
         Ok(())

@@ -16,7 +16,10 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
 use rtnetlink::{Handle, IpVersion, RouteMessageBuilder};
-use tether_netplan::{Address, Route, RouteKind, Rule};
+use tether_netplan::{Address, LOCAL_TABLE, Ownership, Route, RouteKind, Rule};
+
+/// `RTPROT_KERNEL`: what the kernel tags its own default rules with.
+const RTPROT_KERNEL: u8 = 2;
 
 use crate::error::{KernelError, netlink_errno};
 
@@ -244,12 +247,13 @@ pub(crate) async fn del_route(
 
 // ---- rules -----------------------------------------------------------------------------------
 
-/// IPv4 rules at `priority` carrying `protocol`.
+/// IPv4 rules at a priority `ownership` owns carrying `protocol`, and whether the kernel's
+/// `pref 0 lookup local` rule is missing.
 pub(crate) async fn owned_rules(
     handle: &Handle,
-    priority: u32,
+    ownership: &Ownership,
     protocol: u8,
-) -> Result<Vec<Rule>, KernelError> {
+) -> Result<(Vec<Rule>, bool), KernelError> {
     let messages: Vec<RuleMessage> = handle
         .rule()
         .get(IpVersion::V4)
@@ -261,10 +265,44 @@ pub(crate) async fn owned_rules(
         .iter()
         .filter(|m| rule_protocol(m) == Some(protocol))
         .filter_map(rule_from_message)
-        .filter(|r| r.priority == priority)
+        .filter(|r| ownership.owns_rule_priority(r.priority))
         .collect();
     rules.sort();
-    Ok(rules)
+    let local_hidden = !messages
+        .iter()
+        .filter_map(rule_from_message)
+        .any(|r| r.priority == 0 && r.table == LOCAL_TABLE && r.fwmark.is_none());
+    Ok((rules, local_hidden))
+}
+
+/// The kernel's own local-table rule, as `ip rule` shows it at boot.
+fn kernel_local_rule() -> RuleMessage {
+    let rule = Rule {
+        priority: 0,
+        fwmark: None,
+        iif: None,
+        dst: None,
+        table: LOCAL_TABLE,
+    };
+    rule_message(&rule, RTPROT_KERNEL)
+}
+
+/// `ip rule del pref 0 lookup local`.
+pub(crate) async fn hide_local_rule(handle: &Handle) -> Result<(), KernelError> {
+    match handle.rule().del(kernel_local_rule()).execute().await {
+        Err(e) if netlink_errno(&e) == Some(libc::ENOENT) => Ok(()),
+        result => result.map_err(|e| KernelError::netlink("delete rule pref 0 lookup local", e)),
+    }
+}
+
+/// `ip rule add pref 0 lookup local`, tagged `proto kernel` like the original.
+pub(crate) async fn restore_local_rule(handle: &Handle) -> Result<(), KernelError> {
+    let mut request = handle.rule().add();
+    *request.message_mut() = kernel_local_rule();
+    match request.execute().await {
+        Err(e) if netlink_errno(&e) == Some(libc::EEXIST) => Ok(()),
+        result => result.map_err(|e| KernelError::netlink("add rule pref 0 lookup local", e)),
+    }
 }
 
 fn rule_protocol(message: &RuleMessage) -> Option<u8> {

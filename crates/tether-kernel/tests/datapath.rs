@@ -171,6 +171,52 @@ fn overlapping_clusters_reach_each_other_through_their_own_remaps() {
     assert_eq!(server_b.peers().len(), 1);
 }
 
+#[test]
+fn a_pod_with_the_address_of_the_remote_gateway_still_reaches_the_remote_cluster() {
+    if !require_tools_or_skip(&["ping"]) {
+        return;
+    }
+    let topo = Topology::builder()
+        .cluster(
+            ClusterSpec::new("a")
+                .pod_cidr("10.0.0.0/16")
+                .pods(2)
+                .route_to_gateway("10.71.0.0/16"),
+        )
+        .cluster(
+            ClusterSpec::new("b")
+                .pod_cidr("10.0.0.0/16")
+                .route_to_gateway("10.72.0.0/16"),
+        )
+        .build()
+        .unwrap();
+    let (a, b) = (topo.cluster("a"), topo.cluster("b"));
+    // In a cluster the gateway is a pod, so with the same pod CIDR on both sides the remote
+    // gateway's own address is often the address of a local pod. B's gateway takes the address
+    // of A's pod 1 here (B's own pod 1 stays unused, as pod addresses are unique in a cluster):
+    // A's requests arrive at it with that (real) source, and the replies are translated back
+    // to it before B's gateway routes them.
+    let sender = a.pod_ip(1);
+    b.gateway()
+        .ip(&["addr", "add", &format!("{sender}/32"), "dev", "lo"])
+        .unwrap();
+    wire_and_program(a, b);
+
+    let b_from_a = view_of("10.71.0.0/16", b.pod_ip(0));
+    let a_from_b = view_of("10.72.0.0/16", sender);
+    assert!(a.pod(1).ping(IpAddr::V4(b_from_a)).unwrap(), "a → b ping");
+    let _server = TcpEchoServer::start(b.pod(0), "0.0.0.0:7000".parse().unwrap()).unwrap();
+    let reply = tcp_echo(
+        a.pod(1),
+        SocketAddr::new(IpAddr::V4(b_from_a), 7000),
+        b"hi b",
+        TIMEOUT,
+    )
+    .unwrap();
+    assert_eq!(reply.payload, b"hi b");
+    assert_eq!(reply.seen_as.ip(), IpAddr::V4(a_from_b));
+}
+
 /// An ICMP error from a socket's error queue: type, code and the address that sent it.
 type IcmpError = (u8, u8, Option<Ipv4Addr>);
 

@@ -84,6 +84,14 @@ fn our_rules(ns: &Netns) -> Vec<String> {
         .collect()
 }
 
+/// Where the namespace looks up its local table: the kernel's `pref 0` rule, or our copy.
+fn local_lookups(ns: &Netns) -> Vec<String> {
+    lines(ns, &["rule", "show"])
+        .into_iter()
+        .filter(|l| l.contains("lookup local"))
+        .collect()
+}
+
 fn routes_in(ns: &Netns, table: &str) -> Vec<String> {
     lines(ns, &["route", "show", "table", table])
 }
@@ -131,7 +139,13 @@ fn reconcile_applies_the_plan_once_and_restarts_create_no_duplicates() {
     });
 
     let rules = our_rules(&ns);
-    assert_eq!(rules.len(), 2, "{rules:#?}");
+    assert_eq!(rules.len(), 3, "{rules:#?}");
+    // The local lookup moved behind the fwmark rules, so a reply whose translated destination
+    // is one of the gateway's own addresses still follows its mark into the tunnel.
+    assert_eq!(
+        local_lookups(&ns),
+        vec!["7701:\tfrom all lookup local proto 116".to_owned()]
+    );
     assert!(
         rules
             .iter()
@@ -242,7 +256,7 @@ fn foreign_objects_survive_reconcile_and_teardown() {
         (
             lines(ns, &["rule", "show"])
                 .into_iter()
-                .filter(|l| !l.contains("proto 116"))
+                .filter(|l| !l.contains("proto 116") && !l.contains("lookup local"))
                 .count(),
             lines(ns, &["route", "show", "table", "all"])
                 .into_iter()
@@ -273,7 +287,7 @@ fn foreign_objects_survive_reconcile_and_teardown() {
         );
     });
     assert_eq!(snapshot(&ns), before, "reconcile touched foreign objects");
-    assert_eq!(our_rules(&ns).len(), 2);
+    assert_eq!(our_rules(&ns).len(), 3);
 
     ns.run_async(|| async {
         let mut kernel = kernel(&input);
@@ -283,6 +297,11 @@ fn foreign_objects_survive_reconcile_and_teardown() {
     });
     assert_eq!(snapshot(&ns), before, "teardown touched foreign objects");
     assert!(our_rules(&ns).is_empty(), "{:#?}", our_rules(&ns));
+    assert_eq!(
+        local_lookups(&ns),
+        vec!["0:\tfrom all lookup local".to_owned()],
+        "teardown gives the kernel's local rule back"
+    );
     assert_eq!(routes_in(&ns, "7701"), Vec::<String>::new());
     assert_eq!(
         routes_in(&ns, "7700").len(),
@@ -378,7 +397,7 @@ fn drift_is_detected_and_repaired() {
             settled.applied
         );
     });
-    assert_eq!(our_rules(&ns).len(), 2);
+    assert_eq!(our_rules(&ns).len(), 3);
     assert_eq!(ns.sysctl("net.ipv4.ip_forward").unwrap(), "1");
 }
 
@@ -415,7 +434,11 @@ fn a_changed_plan_removes_what_it_no_longer_wants() {
         ));
         assert!(has_op(&report, |op| matches!(op, Op::ReplaceRuleset(_))));
     });
-    assert_eq!(our_rules(&ns).len(), 1);
+    assert_eq!(
+        our_rules(&ns).len(),
+        2,
+        "the fwmark rule of b and the local lookup"
+    );
     assert!(routes_in(&ns, "7701").is_empty());
     let table = nft_table(&ns, "tether").unwrap();
     assert!(!table.contains("10.72.0.0/16"), "{table}");
@@ -548,7 +571,9 @@ fn teardown_after_restart_removes_everything_and_is_idempotent() {
         assert_clean(&report);
         let deleted = |pred: fn(&Op) -> bool| report.applied.iter().filter(|op| pred(op)).count();
         assert_eq!(deleted(|op| matches!(op, Op::DeleteRuleset(_))), 1);
-        assert_eq!(deleted(|op| matches!(op, Op::DelRule(_))), 2);
+        // Two fwmark rules and our copy of the local lookup, after the original came back.
+        assert_eq!(deleted(|op| matches!(op, Op::DelRule(_))), 3);
+        assert_eq!(deleted(|op| matches!(op, Op::RestoreLocalRule)), 1);
         // A tunnel route and a catch-all per peer.
         assert_eq!(deleted(|op| matches!(op, Op::DelRoute(_))), 4);
         assert_eq!(deleted(|op| matches!(op, Op::DelAddress(_))), 2);

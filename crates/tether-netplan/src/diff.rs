@@ -6,6 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::moves_local_rule;
 use crate::{Address, Plan, Route, Rule, Ruleset, Sysctl};
 
 /// One change to the kernel. [`diff`] and [`teardown`] emit them in the order they must be
@@ -30,6 +31,12 @@ pub enum Op {
     AddAddress(Address),
     /// `ip addr del`.
     DelAddress(Address),
+    /// `ip rule del pref 0 lookup local`: the kernel's local lookup goes, once our copy after
+    /// the fwmark rules exists.
+    HideLocalRule,
+    /// `ip rule add pref 0 lookup local` (protocol `kernel`): the kernel's rule comes back,
+    /// before our copy is deleted, so no lookup ever misses the local table.
+    RestoreLocalRule,
 }
 
 /// What the kernel adapter read back: only our own objects (routes in our tables, rules at our
@@ -48,6 +55,10 @@ pub struct Observed {
     pub sysctls: Vec<Sysctl>,
     /// Addresses found on the tunnel interfaces.
     pub addresses: Vec<Address>,
+    /// The kernel's `pref 0 lookup local` rule is absent (we moved it, or a teardown did not
+    /// finish).
+    #[serde(default)]
+    pub local_rule_hidden: bool,
 }
 
 impl fmt::Display for Op {
@@ -69,6 +80,8 @@ impl fmt::Display for Op {
             Self::SetSysctl(sysctl) => write!(f, "sysctl -w {sysctl}"),
             Self::AddAddress(address) => write!(f, "ip addr add {address}"),
             Self::DelAddress(address) => write!(f, "ip addr del {address}"),
+            Self::HideLocalRule => f.write_str("ip rule del pref 0 lookup local"),
+            Self::RestoreLocalRule => f.write_str("ip rule add pref 0 lookup local"),
         }
     }
 }
@@ -81,14 +94,16 @@ impl fmt::Display for Op {
 /// so the result is deterministic.
 ///
 /// Observed rules at another priority and routes outside our tables are not ours
-/// ([`Plan::ownership`]): they are ignored, never deleted.
+/// ([`Plan::ownership`]): they are ignored, never deleted. The kernel's local rule is the one
+/// exception: a plan with peers replaces it by a copy after the fwmark rules (added first,
+/// then the original goes); a plan without restores it before the copy is deleted.
 pub fn diff(desired: &Plan, observed: &Observed) -> Vec<Op> {
     let ownership = &desired.ownership;
     let (first_table, last_table) = ownership.route_tables;
     let observed_rules: Vec<Rule> = observed
         .rules
         .iter()
-        .filter(|rule| rule.priority == ownership.rule_priority)
+        .filter(|rule| ownership.owns_rule_priority(rule.priority))
         .cloned()
         .collect();
     let observed_routes: Vec<Route> = observed
@@ -98,6 +113,10 @@ pub fn diff(desired: &Plan, observed: &Observed) -> Vec<Op> {
         .cloned()
         .collect();
     let mut ops = Vec::new();
+    let move_local = moves_local_rule(desired);
+    if !move_local && observed.local_rule_hidden {
+        ops.push(Op::RestoreLocalRule);
+    }
     let (del_rules, add_rules) = set_diff(&desired.rules, &observed_rules);
     let (del_routes, add_routes) = set_diff(&desired.routes, &observed_routes);
     let (del_addresses, add_addresses) = set_diff(&desired.addresses, &observed.addresses);
@@ -113,6 +132,9 @@ pub fn diff(desired: &Plan, observed: &Observed) -> Vec<Op> {
     ops.extend(add_addresses.into_iter().map(Op::AddAddress));
     ops.extend(add_routes.into_iter().map(Op::AddRoute));
     ops.extend(add_rules.into_iter().map(Op::AddRule));
+    if move_local && !observed.local_rule_hidden {
+        ops.push(Op::HideLocalRule);
+    }
     if observed.ruleset_fingerprint.as_deref() != Some(desired.nft.fingerprint().as_str()) {
         ops.push(Op::ReplaceRuleset(desired.nft.clone()));
     }
@@ -120,10 +142,13 @@ pub fn diff(desired: &Plan, observed: &Observed) -> Vec<Op> {
 }
 
 /// The operations that remove everything we own that `observed` shows: our table, our rules,
-/// our routes and our tunnel addresses. Sysctls are left alone: they belong to the namespace,
+/// our routes and our tunnel addresses, after putting the kernel's local rule back. Sysctls are left alone: they belong to the namespace,
 /// which outlives no gateway.
 pub fn teardown(table: &str, observed: &Observed) -> Vec<Op> {
     let mut ops = Vec::new();
+    if observed.local_rule_hidden {
+        ops.push(Op::RestoreLocalRule);
+    }
     if observed.ruleset_fingerprint.is_some() {
         ops.push(Op::DeleteRuleset(table.to_owned()));
     }

@@ -129,7 +129,10 @@ pub enum PlanError {
         end: u64,
     },
     /// The policy-rule priority is one the kernel's default rules own.
-    #[error("rule priority {priority} is reserved: use 1..=32765")]
+    #[error(
+        "rule priority {priority} is reserved: use 1..=32764 (the next priority holds the local \
+         lookup)"
+    )]
     InvalidRulePriority {
         /// The rejected priority.
         priority: u32,

@@ -151,8 +151,22 @@ pub struct Ownership {
     pub table: String,
     /// Route tables we own: `route_tables.0 ..= route_tables.1`, one per possible peer.
     pub route_tables: (u32, u32),
-    /// Priority of our policy rules; rules at other priorities are not ours.
+    /// Priority of our policy rules; rules at other priorities are not ours, except our copy
+    /// of the local-table lookup one priority below ([`Ownership::local_rule_priority`]).
     pub rule_priority: u32,
+}
+
+impl Ownership {
+    /// Where the gateway moves the kernel's `pref 0 lookup local` rule: right after its fwmark
+    /// rules (see [`crate::Plan::rules`]).
+    pub fn local_rule_priority(&self) -> u32 {
+        self.rule_priority + 1
+    }
+
+    /// Whether `priority` is one of ours.
+    pub fn owns_rule_priority(&self, priority: u32) -> bool {
+        priority == self.rule_priority || priority == self.local_rule_priority()
+    }
 }
 
 impl GatewayInput {
@@ -184,7 +198,7 @@ pub(crate) fn validate(input: &GatewayInput) -> Result<(), PlanError> {
     if !(MIN_MTU..=MAX_MTU).contains(&input.mtu) {
         return Err(PlanError::MtuOutOfRange { mtu: input.mtu });
     }
-    if input.rule_priority == 0 || input.rule_priority >= 32766 {
+    if input.rule_priority == 0 || input.rule_priority >= 32765 {
         return Err(PlanError::InvalidRulePriority {
             priority: input.rule_priority,
         });

@@ -82,9 +82,12 @@
 //! assert_eq!(desired.routes[0].to_string(), "unreachable default table 7700 metric 4294967295");
 //! assert_eq!(desired.routes[1].to_string(), "10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700");
 //! assert_eq!(desired.rules[0].to_string(), "pref 7700 fwmark 0x7700/0xffff lookup 7700");
-//! // Against an empty kernel everything is added; `render()` is the `nft -f -` script.
+//! // The local-table lookup moves behind the fwmark rules.
+//! assert_eq!(desired.rules[1].to_string(), "pref 7701 lookup 255");
+//! // Against an empty kernel everything is added, then the kernel's `pref 0` local rule goes;
+//! // `render()` is the `nft -f -` script.
 //! let ops = diff(&desired, &Observed::default());
-//! assert_eq!(ops.len(), desired.sysctls.len() + 1 + 2 + 1 + 1);
+//! assert_eq!(ops.len(), desired.sysctls.len() + 1 + 2 + 2 + 1 + 1);
 //! assert!(desired.nft.render().contains("dnat ip prefix to ip daddr map { 10.71.0.0/16 : 10.0.0.0/16 }"));
 //! # Ok::<(), tether_netplan::PlanError>(())
 //! ```
@@ -92,7 +95,9 @@
 //! # Ownership
 //!
 //! A gateway owns one nftables table, the route tables `route_table_base..+MAX_PEERS`, the rules
-//! at `rule_priority`, and the addresses on its tunnel interfaces ([`GatewayInput::ownership`]).
+//! at `rule_priority` and `rule_priority + 1` (where it moves the kernel's `pref 0 lookup local`
+//! rule while it has peers, giving the original back on teardown), and the addresses on its
+//! tunnel interfaces ([`GatewayInput::ownership`]).
 //! [`diff`] and [`teardown`] only ever touch those, so other software in the namespace
 //! coexists. The rendered ruleset embeds its [`Ruleset::fingerprint`] in the table comment,
 //! which makes drift and stale tables detectable by reading one string back.
@@ -122,4 +127,6 @@ pub use nft::{
     Chain, ChainKind, FINGERPRINT_COMMENT_PREFIX, Hook, NftRule, Priority, Ruleset,
     fingerprint_from_comment,
 };
-pub use plan::{Address, CATCH_ALL_METRIC, Plan, Route, RouteKind, Rule, Sysctl, plan};
+pub use plan::{
+    Address, CATCH_ALL_METRIC, LOCAL_TABLE, Plan, Route, RouteKind, Rule, Sysctl, plan,
+};

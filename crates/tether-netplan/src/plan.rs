@@ -22,7 +22,12 @@ pub struct Plan {
     pub addresses: Vec<Address>,
     /// Routes in the per-peer route tables.
     pub routes: Vec<Route>,
-    /// Policy rules sending marked packets to the per-peer tables.
+    /// Policy rules sending marked packets to the per-peer tables and, with at least one peer,
+    /// the local-table lookup moved after them (the kernel's `pref 0 lookup local` rule is then
+    /// removed, see [`crate::Op::HideLocalRule`]). Both clusters may use the same pod CIDR, so
+    /// the address a reply is translated back to can be the gateway pod's own: only a marked
+    /// lookup before the local table still sends it into the tunnel instead of delivering it
+    /// to the gateway itself.
     pub rules: Vec<Rule>,
     /// Our nftables table.
     pub nft: Ruleset,
@@ -99,6 +104,14 @@ impl RouteKind {
 /// Metric of each peer table's catch-all: the lowest preference, so any route for the same
 /// destination wins over it, and it only answers when nothing else in the table does.
 pub const CATCH_ALL_METRIC: u32 = u32::MAX;
+
+/// The kernel's local route table (`ip route show table local`).
+pub const LOCAL_TABLE: u32 = 255;
+
+/// Whether a plan moves the local-table lookup behind its fwmark rules.
+pub(crate) fn moves_local_rule(plan: &Plan) -> bool {
+    plan.rules.iter().any(|r| r.table == LOCAL_TABLE)
+}
 
 /// A policy routing rule (`ip rule add pref <p> [fwmark <m>/<mask>] [iif <i>] [to <dst>] lookup <t>`).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -230,6 +243,13 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
     for (index, peer) in input.peers.iter().enumerate() {
         let table = input.peer_table(index);
         sysctls.push(rp_filter(&peer.interface, RP_FILTER_OFF));
+        // A peer's real source may equal one of our own addresses (same pod CIDR on both
+        // sides, and the gateway is a pod): without accept_local the kernel drops such a packet
+        // as a martian before our source translation runs in postrouting.
+        sysctls.push(Sysctl::new(
+            format!("net/ipv4/conf/{}/accept_local", peer.interface),
+            "1",
+        ));
         if let Some(address) = peer.tunnel_address {
             addresses.push(Address {
                 dev: peer.interface.clone(),
@@ -265,6 +285,15 @@ pub fn plan(input: &GatewayInput) -> Result<Plan, PlanError> {
             iif: None,
             dst: None,
             table,
+        });
+    }
+    if !input.peers.is_empty() {
+        rules.push(Rule {
+            priority: input.ownership().local_rule_priority(),
+            fwmark: None,
+            iif: None,
+            dst: None,
+            table: LOCAL_TABLE,
         });
     }
     sysctls.sort();

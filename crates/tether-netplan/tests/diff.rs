@@ -9,7 +9,8 @@ use expect_test::expect;
 use fixtures::{net, scenarios};
 use proptest::prelude::*;
 use tether_netplan::{
-    Address, GatewayInput, Observed, Op, Plan, Route, RouteKind, Rule, Sysctl, diff, plan, teardown,
+    Address, GatewayInput, LOCAL_TABLE, Observed, Op, Plan, Route, RouteKind, Rule, Sysctl, diff,
+    plan, teardown,
 };
 
 fn scenario(name: &str) -> GatewayInput {
@@ -32,6 +33,7 @@ fn observed_from(plan: &Plan) -> Observed {
         ruleset_fingerprint: Some(plan.nft.fingerprint()),
         sysctls: plan.sysctls.clone(),
         addresses: plan.addresses.clone(),
+        local_rule_hidden: plan.rules.iter().any(|r| r.table == LOCAL_TABLE),
     }
 }
 
@@ -40,7 +42,9 @@ fn empty_kernel_gets_everything_added_in_apply_order() {
     let desired = plan(&scenario("two_peers_same_real")).expect("valid");
     expect![[r#"
         sysctl -w net.ipv4.conf.all.rp_filter=0
+        sysctl -w net.ipv4.conf.tether-b.accept_local=1
         sysctl -w net.ipv4.conf.tether-b.rp_filter=0
+        sysctl -w net.ipv4.conf.tether-c.accept_local=1
         sysctl -w net.ipv4.conf.tether-c.rp_filter=0
         sysctl -w net.ipv4.ip_forward=1
         ip addr add 169.254.18.1/30 dev tether-b
@@ -51,6 +55,8 @@ fn empty_kernel_gets_everything_added_in_apply_order() {
         ip route add 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
         ip rule add pref 7700 fwmark 0x7700/0xffff lookup 7700
         ip rule add pref 7700 fwmark 0x7701/0xffff lookup 7701
+        ip rule add pref 7701 lookup 255
+        ip rule del pref 0 lookup local
         nft replace table ip tether (a227382abfc6f370)
     "#]]
     .assert_eq(&ops_text(&diff(&desired, &Observed::default())));
@@ -135,7 +141,7 @@ fn foreign_rules_and_routes_are_ignored() {
         table: 7700,
     });
     observed.rules.push(Rule {
-        priority: 7701,
+        priority: 7702,
         fwmark: Some((0x7700, 0xffff)),
         iif: None,
         dst: None,
@@ -183,9 +189,11 @@ fn missing_or_foreign_table_is_replaced() {
 fn teardown_removes_only_what_was_observed() {
     let desired = plan(&scenario("two_peers_same_real")).expect("valid");
     expect![[r#"
+        ip rule add pref 0 lookup local
         nft delete table ip tether
         ip rule del pref 7700 fwmark 0x7700/0xffff lookup 7700
         ip rule del pref 7700 fwmark 0x7701/0xffff lookup 7701
+        ip rule del pref 7701 lookup 255
         ip route del unreachable default table 7700 metric 4294967295
         ip route del 10.0.0.0/16 dev tether-b src 169.254.18.1 table 7700
         ip route del unreachable default table 7701 metric 4294967295
@@ -206,6 +214,8 @@ struct FakeKernel {
     addresses: BTreeSet<Address>,
     sysctls: Vec<Sysctl>,
     table: Option<String>,
+    /// The kernel's `pref 0 lookup local` rule is gone.
+    local_hidden: bool,
 }
 
 impl FakeKernel {
@@ -236,7 +246,15 @@ impl FakeKernel {
             }
             Op::ReplaceRuleset(ruleset) => self.table = Some(ruleset.fingerprint()),
             Op::DeleteRuleset(_) => self.table = None,
+            Op::HideLocalRule => self.local_hidden = true,
+            Op::RestoreLocalRule => self.local_hidden = false,
         }
+        // Between any two ops some rule must still look up the local table, or the namespace
+        // stops receiving its own traffic.
+        assert!(
+            !self.local_hidden || self.rules.iter().any(|r| r.table == LOCAL_TABLE),
+            "after {op} no rule looks up the local table"
+        );
     }
 
     fn observe(&self) -> Observed {
@@ -246,6 +264,7 @@ impl FakeKernel {
             ruleset_fingerprint: self.table.clone(),
             sysctls: self.sysctls.clone(),
             addresses: self.addresses.iter().cloned().collect(),
+            local_rule_hidden: self.local_hidden,
         }
     }
 }
@@ -295,6 +314,7 @@ fn drifted_kernel(desired: &Plan, keep: &[bool], stale_tables: &[u32]) -> FakeKe
             table: *table,
         });
     }
+    kernel.local_hidden = next() && kernel.rules.iter().any(|r| r.table == LOCAL_TABLE);
     if next() {
         kernel.table = Some(desired.nft.fingerprint());
     } else if next() {
@@ -329,6 +349,7 @@ proptest! {
         let left = kernel.observe();
         prop_assert!(left.routes.is_empty() && left.rules.is_empty() && left.addresses.is_empty());
         prop_assert_eq!(left.ruleset_fingerprint, None);
+        prop_assert!(!left.local_rule_hidden, "teardown must give the kernel its local rule back");
     }
 
     #[test]

@@ -29,12 +29,14 @@ fn one_peer_without_remap_routes_real_cidr_and_needs_no_nat() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
             route unreachable default table 7700 metric 4294967295
             route 10.1.0.0/16 dev tether-b src 169.254.18.1 table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -69,11 +71,13 @@ fn one_peer_with_remapped_pod_cidr_translates_both_directions() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -115,7 +119,9 @@ fn two_peers_with_the_same_real_cidr_get_separate_marks_and_tables() {
         "two_peers_same_real",
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
+            sysctl net.ipv4.conf.tether-c.accept_local=1
             sysctl net.ipv4.conf.tether-c.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             addr 169.254.18.1/30 dev tether-b
@@ -126,6 +132,7 @@ fn two_peers_with_the_same_real_cidr_get_separate_marks_and_tables() {
             route 10.0.0.0/16 dev tether-c src 169.254.18.5 table 7701
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
             rule pref 7700 fwmark 0x7701/0xffff lookup 7701
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -177,12 +184,14 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             route 10.70.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -227,12 +236,14 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             route 10.70.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -279,11 +290,13 @@ fn mss_clamp_follows_the_mtu() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -322,11 +335,13 @@ fn mss_clamp_follows_the_mtu() {
         expect![[r#"
             sysctl net.ipv4.conf.all.rp_filter=0
             sysctl net.ipv4.conf.eth0.rp_filter=2
+            sysctl net.ipv4.conf.tether-b.accept_local=1
             sysctl net.ipv4.conf.tether-b.rp_filter=0
             sysctl net.ipv4.ip_forward=1
             route unreachable default table 7700 metric 4294967295
             route 10.0.0.0/16 dev tether-b table 7700
             rule pref 7700 fwmark 0x7700/0xffff lookup 7700
+            rule pref 7701 lookup 255
             table ip tether
             delete table ip tether
             table ip tether {
@@ -575,7 +590,7 @@ fn invalid_input_is_rejected_with_a_message_naming_it() {
         table name: invalid nftables table name "te ther": use 1 to 64 ASCII letters, digits or '_', starting with a letter
         mtu low: tunnel mtu 575 is out of range: use 576..=9000
         mtu high: tunnel mtu 9001 is out of range: use 576..=9000
-        rule priority: rule priority 32766 is reserved: use 1..=32765
+        rule priority: rule priority 32766 is reserved: use 1..=32764 (the next priority holds the local lookup)
         marks outside mask: fwmark base 0x10000 with mask 0xffff cannot hold 1 peer marks: every base+i must be non-zero and inside the mask
         zero mark: fwmark base 0x0 with mask 0xffff cannot hold 1 peer marks: every base+i must be non-zero and inside the mask
         main table: route tables 254..255 are unusable: keep clear of 0 and 253..=255 (and of u32::MAX)
