@@ -1,89 +1,33 @@
 //! Peering benchmark: two simulated clusters, Tether installed in both, peered and unpeered ten
-//! times (authentication only). Prints the peer time (p50/p99, as `tether peer` sees it), the
+//! times, with networking as `tether peer` does by default (or without: `--authentication-only`).
+//! Prints the peer time (p50/p99, as `tether peer` sees it: until the tunnel is up), the
 //! controllers' RSS and CPU while idle before peering and while peered, and the bytes the two
 //! clusters exchanged (counted by nftables in the shared underlay namespace).
 //!
 //! Needs root, and release builds beside it:
 //! `cargo build --release -p simkube-cluster -p tetherd -p tether-cli && cargo run --release -p
-//! tether-cli --example peering_bench` (`--runs N`, `--idle-secs S` to change the defaults).
+//! tether-cli --example peering_bench` (`--runs N`, `--idle-secs S` to change the defaults,
+//! `--authentication-only` to peer without networking).
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-type Result<T = ()> = std::result::Result<T, String>;
+use common::{Bench, Result, arg, ok, path};
 
 fn main() -> std::process::ExitCode {
-    match run() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("peering_bench: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-struct Bench {
-    bin: PathBuf,
-    state: PathBuf,
-    underlay: String,
-    clusters: Vec<(String, PathBuf)>,
-}
-
-impl Drop for Bench {
-    fn drop(&mut self) {
-        for (name, _) in &self.clusters {
-            let _ = self.simkube(&["cluster", "down", "--name", name]);
-        }
-        let _ = Command::new("ip")
-            .args(["netns", "delete", &self.underlay])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.state);
-    }
-}
-
-fn arg(name: &str, default: u64) -> Result<u64> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        Some(i) => args
-            .get(i + 1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| format!("{name} needs a number")),
-        None => Ok(default),
-    }
+    common::exit("peering_bench", run())
 }
 
 fn run() -> Result {
     let runs = arg("--runs", 10)?;
     let idle = Duration::from_secs(arg("--idle-secs", 60)?);
-    if !nix_is_root() {
-        return Err("needs root (simulated clusters are network namespaces)".into());
-    }
-    let exe = std::env::current_exe().map_err(|e| format!("locating myself: {e}"))?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .ok_or("unexpected executable location")?
-        .to_path_buf();
-    for needed in ["simkube", "tetherd", "tether"] {
-        if !bin.join(needed).is_file() {
-            return Err(format!(
-                "{} is missing: run `cargo build --release -p simkube-cluster -p tetherd -p \
-                 tether-cli` first",
-                bin.join(needed).display()
-            ));
-        }
-    }
+    let auth_only = std::env::args().any(|a| a == "--authentication-only");
     let pid = std::process::id();
-    let mut bench = Bench {
-        bin,
-        state: std::env::temp_dir().join(format!("tether-peering-bench-{pid}")),
-        underlay: format!("tb{pid}"),
-        clusters: Vec::new(),
-    };
-    std::fs::create_dir_all(&bench.state).map_err(|e| format!("state dir: {e}"))?;
-    let a = bench.up(&format!("pa{pid}"))?;
-    let b = bench.up(&format!("pb{pid}"))?;
+    let mut bench = Bench::new("peering")?;
+    let a = bench.up(&format!("pa{pid}"), 1)?;
+    let b = bench.up(&format!("pb{pid}"), 1)?;
     bench.tether(&a, &["install", "--cluster-id", "bench-a"])?;
     bench.tether(&b, &["install", "--cluster-id", "bench-b"])?;
     let counters = Counters::install(&bench.underlay)?;
@@ -100,7 +44,11 @@ fn run() -> Result {
     let cycles_start = counters.read()?;
     for i in 0..runs {
         let start = Instant::now();
-        bench.tether(&a, &["peer", "--remote-kubeconfig", path(&b)])?;
+        let mut peer = vec!["peer", "--remote-kubeconfig", path(&b)];
+        if auth_only {
+            peer.extend(["--modules", "authentication"]);
+        }
+        bench.tether(&a, &peer)?;
         let took = start.elapsed();
         eprintln!("peering {}: {:.3}s", i + 1, took.as_secs_f64());
         times.push(took);
@@ -120,7 +68,14 @@ fn run() -> Result {
         let i = ((times.len() as f64 * p).ceil() as usize).clamp(1, times.len()) - 1;
         times[i].as_secs_f64()
     };
-    println!("peerings: {runs} (authentication only, `tether peer` with two kubeconfigs)");
+    println!(
+        "peerings: {runs} ({}, `tether peer` with two kubeconfigs)",
+        if auth_only {
+            "authentication only"
+        } else {
+            "authentication and networking: until the tunnel is up"
+        }
+    );
     println!(
         "peer time: p50 {:.3} s, p99 {:.3} s, min {:.3} s, max {:.3} s",
         pct(0.5),
@@ -150,72 +105,6 @@ fn run() -> Result {
         idle_peered_bytes * 60 / idle.as_secs().max(1)
     );
     Ok(())
-}
-
-fn path(p: &(String, PathBuf)) -> &str {
-    p.1.to_str().unwrap_or_default()
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Uid:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
-        })
-        .unwrap_or(false)
-}
-
-impl Bench {
-    fn simkube(&self, args: &[&str]) -> Result<Output> {
-        Command::new(self.bin.join("simkube"))
-            .args(args)
-            .arg("--state-dir")
-            .arg(&self.state)
-            .output()
-            .map_err(|e| format!("running simkube: {e}"))
-    }
-
-    fn up(&mut self, name: &str) -> Result<(String, PathBuf)> {
-        let kubeconfig = self.state.join(format!("{name}.kubeconfig"));
-        self.clusters.push((name.to_owned(), kubeconfig.clone()));
-        let out = self.simkube(&[
-            "cluster",
-            "up",
-            "--name",
-            name,
-            "--nodes",
-            "1",
-            "--underlay",
-            &self.underlay,
-            "--kubeconfig-out",
-            kubeconfig.to_str().unwrap_or_default(),
-        ])?;
-        ok(&out, &format!("cluster up {name}"))?;
-        Ok((name.to_owned(), kubeconfig))
-    }
-
-    fn tether(&self, cluster: &(String, PathBuf), args: &[&str]) -> Result {
-        let out = Command::new(self.bin.join("tether"))
-            .arg("--kubeconfig")
-            .arg(&cluster.1)
-            .args(args)
-            .output()
-            .map_err(|e| format!("running tether: {e}"))?;
-        ok(&out, &format!("tether {}", args.join(" ")))
-    }
-}
-
-fn ok(out: &Output, what: &str) -> Result {
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
 }
 
 /// nftables counters in the underlay for traffic forwarded between the two clusters'

@@ -1,0 +1,181 @@
+//! What the benchmarks share: simulated clusters on a private underlay, driven through the
+//! release binaries beside the example (`simkube`, `tetherd`, `tether`) and kubectl, and
+//! removed again whatever happens.
+
+#![allow(dead_code)] // each benchmark uses its own part
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub type Result<T = ()> = std::result::Result<T, String>;
+
+/// One simulated cluster: its name and admin kubeconfig.
+pub type Cluster = (String, PathBuf);
+
+/// The clusters of one benchmark run, all on one underlay namespace of their own.
+pub struct Bench {
+    pub bin: PathBuf,
+    pub state: PathBuf,
+    pub underlay: String,
+    pub clusters: Vec<Cluster>,
+}
+
+impl Drop for Bench {
+    fn drop(&mut self) {
+        for (name, _) in &self.clusters {
+            let _ = self.simkube(&["cluster", "down", "--name", name]);
+        }
+        let _ = Command::new("ip")
+            .args(["netns", "delete", &self.underlay])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
+impl Bench {
+    /// Checks root and the release binaries, and picks names no other run uses.
+    pub fn new(kind: &str) -> Result<Self> {
+        if !is_root() {
+            return Err("needs root (simulated clusters are network namespaces)".into());
+        }
+        let exe = std::env::current_exe().map_err(|e| format!("locating myself: {e}"))?;
+        let bin = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or("unexpected executable location")?
+            .to_path_buf();
+        for needed in ["simkube", "tetherd", "tether"] {
+            if !bin.join(needed).is_file() {
+                return Err(format!(
+                    "{} is missing: run `cargo build --release -p simkube-cluster -p tetherd -p \
+                     tether-cli` first",
+                    bin.join(needed).display()
+                ));
+            }
+        }
+        let pid = std::process::id();
+        let state = std::env::temp_dir().join(format!("tether-{kind}-bench-{pid}"));
+        std::fs::create_dir_all(&state).map_err(|e| format!("state dir: {e}"))?;
+        Ok(Self {
+            bin,
+            state,
+            underlay: format!("tb{pid}"),
+            clusters: Vec::new(),
+        })
+    }
+
+    pub fn simkube(&self, args: &[&str]) -> Result<Output> {
+        Command::new(self.bin.join("simkube"))
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .output()
+            .map_err(|e| format!("running simkube: {e}"))
+    }
+
+    /// Starts cluster `name` with `nodes` nodes on the run's underlay.
+    pub fn up(&mut self, name: &str, nodes: u8) -> Result<Cluster> {
+        let kubeconfig = self.state.join(format!("{name}.kubeconfig"));
+        self.clusters.push((name.to_owned(), kubeconfig.clone()));
+        let out = self.simkube(&[
+            "cluster",
+            "up",
+            "--name",
+            name,
+            "--nodes",
+            &nodes.to_string(),
+            "--underlay",
+            &self.underlay,
+            "--kubeconfig-out",
+            kubeconfig.to_str().unwrap_or_default(),
+        ])?;
+        ok(&out, &format!("cluster up {name}"))?;
+        Ok((name.to_owned(), kubeconfig))
+    }
+
+    pub fn tether(&self, cluster: &Cluster, args: &[&str]) -> Result {
+        let out = Command::new(self.bin.join("tether"))
+            .arg("--kubeconfig")
+            .arg(&cluster.1)
+            .args(args)
+            .output()
+            .map_err(|e| format!("running tether: {e}"))?;
+        ok(&out, &format!("tether {}", args.join(" ")))
+    }
+}
+
+/// Runs kubectl against `cluster` and returns its standard output.
+pub fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&cluster.1)
+        .args(args)
+        .output()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    ok(&out, &format!("kubectl {}", args.join(" ")))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+/// Polls `check` every 200 ms until it gives a value, for at most `limit`.
+pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = check() {
+            return Ok(v);
+        }
+        if start.elapsed() > limit {
+            return Err(format!("timed out after {limit:?} waiting for {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+pub fn path(c: &Cluster) -> &str {
+    c.1.to_str().unwrap_or_default()
+}
+
+/// The value of `--name N` on the command line, or `default`.
+pub fn arg(name: &str, default: u64) -> Result<u64> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        Some(i) => args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| format!("{name} needs a number")),
+        None => Ok(default),
+    }
+}
+
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(|u| u == "0"))
+        })
+        .unwrap_or(false)
+}
+
+pub fn ok(out: &Output, what: &str) -> Result {
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Exits with the error printed, for `main`.
+pub fn exit(name: &str, result: Result) -> std::process::ExitCode {
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{name}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Fabric benchmark: the pod-to-pod path a user gets after `tether peer`, measured side by side
+//! with the plain underlay in the same run. Two simulated two-node clusters on pod CIDR
+//! 10.244.0.0/16, Tether installed in both and peered with networking; a pod on node 2 of each.
+//! The fabric path is pod (node 2 of A) → fabric → gateway A → WireGuard → gateway B → fabric
+//! → pod (node 2 of B), to the address A gives that pod through its remap; the plain path is
+//! node 2 of A → underlay → node 2 of B. Prints iperf3 throughput (1 and 4 streams, TCP
+//! retransmits) and ping RTT for both, and the ratio.
+//!
+//! Needs root, iperf3 (installed by `cargo xtask setup`) and release builds beside it:
+//! `cargo build --release -p simkube-cluster -p tetherd -p tether-cli && cargo run --release -p
+//! tether-cli --example fabric_bench` (`--secs S` per iperf3 run, default 10).
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{Bench, Cluster, Result, arg, kubectl, path, wait_for};
+
+fn main() -> std::process::ExitCode {
+    common::exit("fabric_bench", run())
+}
+
+/// An iperf3 server in a namespace, ended (by its PID) when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn run() -> Result {
+    let secs = arg("--secs", 10)?;
+    let pid = std::process::id();
+    let mut bench = Bench::new("fabric")?;
+    let a = bench.up(&format!("fa{pid}"), 2)?;
+    let b = bench.up(&format!("fb{pid}"), 2)?;
+    bench.tether(&a, &["install", "--cluster-id", "bench-a"])?;
+    bench.tether(&b, &["install", "--cluster-id", "bench-b"])?;
+    bench.tether(&a, &["peer", "--remote-kubeconfig", path(&b)])?;
+
+    let (netns_a, _) = sleeper(&a, "bench-client")?;
+    let (netns_b, ip_b) = sleeper(&b, "bench-server")?;
+    let view: ipnet::Ipv4Net = kubectl(
+        &a,
+        &[
+            "get",
+            "configurations.networking.tether.dev",
+            "-n",
+            "tether-tenant-bench-b",
+            "bench-b",
+            "-o",
+            "jsonpath={.status.remote.cidr.pod[0]}",
+        ],
+    )?
+    .parse()
+    .map_err(|e| format!("the remap of bench-b's pod CIDR: {e}"))?;
+    let host = u32::from(ip_b) & !u32::from(view.netmask());
+    let remote = Ipv4Addr::from(u32::from(view.network()) | host);
+    let tunnel_mtu = kubectl(
+        &a,
+        &[
+            "get",
+            "connections.networking.tether.dev",
+            "-n",
+            "tether-tenant-bench-b",
+            "tether-gateway",
+            "-o",
+            "jsonpath={.status.mtu}",
+        ],
+    )?;
+
+    let node_a = format!("sk.{}.n2", a.0);
+    let node_b = format!("sk.{}.n2", b.0);
+    let plain_target: Ipv4Addr = Ipv4Addr::new(198, 18, cluster_index(&b)?, 12);
+
+    println!(
+        "fabric: pod {netns_a} → {remote} (pod {ip_b} of bench-b through the remap {view}), tunnel \
+         MTU {tunnel_mtu}"
+    );
+    println!("plain: node {node_a} → {plain_target} (node 2 of bench-b) over the underlay");
+    println!("{secs} s per iperf3 run\n");
+    println!("path     streams   Gbit/s   retransmits");
+    let mut rows = Vec::new();
+    for (label, client_ns, server_ns, target) in [
+        ("fabric", netns_a.as_str(), netns_b.as_str(), remote),
+        ("plain", node_a.as_str(), node_b.as_str(), plain_target),
+    ] {
+        for streams in [1, 4] {
+            let (gbps, retrans) = iperf(client_ns, server_ns, target, streams, secs)?;
+            println!("{label:<8} {streams:>7}   {gbps:>6.2}   {retrans:>11}");
+            rows.push((label, streams, gbps));
+        }
+    }
+    let gbps = |label: &str, streams: u32| {
+        rows.iter()
+            .find(|r| r.0 == label && r.1 == streams)
+            .map_or(0.0, |r| r.2)
+    };
+    for streams in [1, 4] {
+        println!(
+            "fabric/plain, {streams} stream(s): {:.2}",
+            gbps("fabric", streams) / gbps("plain", streams).max(f64::EPSILON)
+        );
+    }
+    let fabric_rtt = rtt(&netns_a, remote)?;
+    let plain_rtt = rtt(&node_a, plain_target)?;
+    println!(
+        "ping RTT (avg of 50): fabric {fabric_rtt:.3} ms, plain {plain_rtt:.3} ms, the fabric adds \
+         {:.3} ms",
+        fabric_rtt - plain_rtt
+    );
+    Ok(())
+}
+
+/// The underlay index of a cluster (its 198.18.X.0/24), from its API server address as nodes
+/// see it.
+fn cluster_index(c: &Cluster) -> Result<u8> {
+    let ip = kubectl(
+        c,
+        &[
+            "get",
+            "node",
+            &format!("{}-node-2", c.0),
+            "-o",
+            "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}",
+        ],
+    )?;
+    let ip: Ipv4Addr = ip
+        .parse()
+        .map_err(|e| format!("node 2 of {} has no InternalIP ({ip:?}): {e}", c.0))?;
+    Ok(ip.octets()[2])
+}
+
+/// Starts a sleeper pod on node 2 of `c`; returns its sandbox namespace and pod IP.
+fn sleeper(c: &Cluster, name: &str) -> Result<(String, Ipv4Addr)> {
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+         nodeName: {}-node-2\n  containers:\n  - name: sleeper\n    image: simkube.dev/sleeper\n",
+        c.0
+    );
+    let mut child = Command::new("kubectl")
+        .args(["--kubeconfig", path(c), "apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    {
+        use std::io::Write as _;
+        child
+            .stdin
+            .take()
+            .ok_or("kubectl stdin")?
+            .write_all(manifest.as_bytes())
+            .map_err(|e| format!("writing to kubectl: {e}"))?;
+    }
+    let status = child.wait().map_err(|e| format!("kubectl: {e}"))?;
+    if !status.success() {
+        return Err(format!("creating pod {name} in {} failed", c.0));
+    }
+    let ip = wait_for(
+        &format!("pod {name} running"),
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(
+                c,
+                &[
+                    "get",
+                    "pod",
+                    name,
+                    "-o",
+                    "jsonpath={.status.phase} {.status.podIP}",
+                ],
+            )
+            .ok()?;
+            let (phase, ip) = out.split_once(' ')?;
+            (phase == "Running").then(|| ip.parse::<Ipv4Addr>().ok())?
+        },
+    )?;
+    let uid = kubectl(c, &["get", "pod", name, "-o", "jsonpath={.metadata.uid}"])?;
+    let netns = simkube_cluster::net::netns_with_prefix(&format!("sk.{}.n2.", c.0))
+        .into_iter()
+        .find(|ns| ns.ends_with(&uid))
+        .ok_or_else(|| format!("no sandbox namespace for pod {name} ({uid})"))?;
+    Ok((netns, ip))
+}
+
+/// One iperf3 run from `client_ns` to a server in `server_ns` at `target`: Gbit/s received
+/// and TCP retransmits.
+fn iperf(
+    client_ns: &str,
+    server_ns: &str,
+    target: Ipv4Addr,
+    streams: u32,
+    secs: u64,
+) -> Result<(f64, u64)> {
+    let server = Server(
+        Command::new("ip")
+            .args([
+                "netns", "exec", server_ns, "iperf3", "-s", "-1", "-p", "5201",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("starting iperf3 -s in {server_ns}: {e}"))?,
+    );
+    // The server needs a moment to listen; a refused first attempt is retried.
+    let mut last = String::new();
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(200));
+        let out = Command::new("ip")
+            .args(["netns", "exec", client_ns, "iperf3", "-J", "-c"])
+            .arg(target.to_string())
+            .args([
+                "-p",
+                "5201",
+                "-t",
+                &secs.to_string(),
+                "-P",
+                &streams.to_string(),
+            ])
+            .output()
+            .map_err(|e| format!("running iperf3 -c in {client_ns}: {e}"))?;
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("iperf3 printed no JSON report: {e}"))?;
+        if let Some(error) = report.get("error").and_then(|e| e.as_str()) {
+            last = error.to_owned();
+            if error.contains("refused") {
+                continue;
+            }
+            return Err(format!("iperf3 to {target}: {error}"));
+        }
+        let end = &report["end"];
+        let bits = end["sum_received"]["bits_per_second"]
+            .as_f64()
+            .ok_or("iperf3 report without sum_received")?;
+        let retransmits = end["sum_sent"]["retransmits"].as_u64().unwrap_or(0);
+        drop(server);
+        return Ok((bits / 1e9, retransmits));
+    }
+    Err(format!("iperf3 to {target} kept failing: {last}"))
+}
+
+/// Average ping RTT in ms over 50 echoes.
+fn rtt(netns: &str, target: Ipv4Addr) -> Result<f64> {
+    let out = Command::new("ip")
+        .args([
+            "netns", "exec", netns, "ping", "-q", "-c", "50", "-i", "0.05",
+        ])
+        .arg(target.to_string())
+        .output()
+        .map_err(|e| format!("running ping in {netns}: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // rtt min/avg/max/mdev = 0.084/0.102/0.153/0.014 ms
+    text.lines()
+        .find_map(|l| l.split(" = ").nth(1))
+        .and_then(|v| v.split('/').nth(1))
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| format!("ping {target} from {netns} gave no RTT:\n{text}"))
+}
