@@ -142,25 +142,7 @@ fn sleeper(c: &Cluster, name: &str) -> Result<(String, Ipv4Addr)> {
          nodeName: {}-node-2\n  containers:\n  - name: sleeper\n    image: simkube.dev/sleeper\n",
         c.0
     );
-    let mut child = Command::new("kubectl")
-        .args(["--kubeconfig", path(c), "apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("running kubectl: {e}"))?;
-    {
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .ok_or("kubectl stdin")?
-            .write_all(manifest.as_bytes())
-            .map_err(|e| format!("writing to kubectl: {e}"))?;
-    }
-    let status = child.wait().map_err(|e| format!("kubectl: {e}"))?;
-    if !status.success() {
-        return Err(format!("creating pod {name} in {} failed", c.0));
-    }
+    common::apply(c, &manifest)?;
     let ip = wait_for(
         &format!("pod {name} running"),
         Duration::from_secs(60),

@@ -8,6 +8,7 @@ mod e2e;
 
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::time::Duration;
 
 use e2e::net::{echo_pod, nodes, pod_ip, remapped, talk, view_of};
 use e2e::{Env, Sim};
@@ -98,7 +99,13 @@ fn a_token_only_peering_with_a_nodeport_gateway_carries_traffic() {
     peer.ok();
     assert!(peer.stderr.contains("tunnel to beta up"), "{}", peer.stderr);
     assert_eq!(connection(&a, "beta"), "Connected");
-    assert_eq!(connection(&b, "alpha"), "Connected");
+    // `peer` returns on the consumer's view of the tunnel; the provider's gateway writes its
+    // own Connection once its probes are answered, at most about a second later.
+    b.wait(
+        "the provider's gateway reports the tunnel",
+        Duration::from_secs(30),
+        || connection(&b, "alpha") == "Connected",
+    );
 
     // The provider serves: its Service is a NodePort and the endpoint it publishes is its
     // nodes' addresses with the node port.
@@ -162,6 +169,12 @@ fn a_consumer_behind_nat_dials_the_providers_gateway_and_traffic_passes_both_way
     peer.ok();
     assert!(peer.stderr.contains("tunnel to beta up"), "{}", peer.stderr);
     assert_eq!(connection(&a, "beta"), "Connected");
-    assert_eq!(connection(&b, "alpha"), "Connected");
+    // `peer` returns on the consumer's view of the tunnel; the provider's gateway writes its
+    // own Connection once its probes are answered, at most about a second later.
+    b.wait(
+        "the provider's gateway reports the tunnel",
+        Duration::from_secs(30),
+        || connection(&b, "alpha") == "Connected",
+    );
     traffic_passes_both_ways(&a, "alpha", &b, "beta", "nat");
 }

@@ -271,6 +271,13 @@ pub fn remove_cluster(underlay: &str, plan: &Plan) -> Vec<Error> {
                 let _ = ip(&["-n", underlay, "link", "del", &node.underlay_veth]);
             }
         }
+        // A `--behind-nat` cluster's uplink: it would go with the router namespace, but the
+        // kernel frees a deleted namespace's devices asynchronously, so `down` could return
+        // while it is still listed here.
+        let router_veth = crate::topology::router_veth(plan.index);
+        if link_exists(underlay, &router_veth) {
+            let _ = ip(&["-n", underlay, "link", "del", &router_veth]);
+        }
     }
     errors.extend(remove_cluster_namespaces(&plan.name));
     errors

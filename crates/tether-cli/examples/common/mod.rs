@@ -8,17 +8,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-pub type Result<T = ()> = std::result::Result<T, String>;
+pub(crate) type Result<T = ()> = std::result::Result<T, String>;
 
 /// One simulated cluster: its name and admin kubeconfig.
-pub type Cluster = (String, PathBuf);
+pub(crate) type Cluster = (String, PathBuf);
 
 /// The clusters of one benchmark run, all on one underlay namespace of their own.
-pub struct Bench {
-    pub bin: PathBuf,
-    pub state: PathBuf,
-    pub underlay: String,
-    pub clusters: Vec<Cluster>,
+pub(crate) struct Bench {
+    pub(crate) bin: PathBuf,
+    pub(crate) state: PathBuf,
+    pub(crate) underlay: String,
+    pub(crate) clusters: Vec<Cluster>,
 }
 
 impl Drop for Bench {
@@ -35,7 +35,7 @@ impl Drop for Bench {
 
 impl Bench {
     /// Checks root and the release binaries, and picks names no other run uses.
-    pub fn new(kind: &str) -> Result<Self> {
+    pub(crate) fn new(kind: &str) -> Result<Self> {
         if !is_root() {
             return Err("needs root (simulated clusters are network namespaces)".into());
         }
@@ -65,7 +65,7 @@ impl Bench {
         })
     }
 
-    pub fn simkube(&self, args: &[&str]) -> Result<Output> {
+    pub(crate) fn simkube(&self, args: &[&str]) -> Result<Output> {
         Command::new(self.bin.join("simkube"))
             .args(args)
             .arg("--state-dir")
@@ -75,7 +75,7 @@ impl Bench {
     }
 
     /// Starts cluster `name` with `nodes` nodes on the run's underlay.
-    pub fn up(&mut self, name: &str, nodes: u8) -> Result<Cluster> {
+    pub(crate) fn up(&mut self, name: &str, nodes: u8) -> Result<Cluster> {
         let kubeconfig = self.state.join(format!("{name}.kubeconfig"));
         self.clusters.push((name.to_owned(), kubeconfig.clone()));
         let out = self.simkube(&[
@@ -94,7 +94,7 @@ impl Bench {
         Ok((name.to_owned(), kubeconfig))
     }
 
-    pub fn tether(&self, cluster: &Cluster, args: &[&str]) -> Result {
+    pub(crate) fn tether(&self, cluster: &Cluster, args: &[&str]) -> Result {
         let out = Command::new(self.bin.join("tether"))
             .arg("--kubeconfig")
             .arg(&cluster.1)
@@ -106,7 +106,7 @@ impl Bench {
 }
 
 /// Runs kubectl against `cluster` and returns its standard output.
-pub fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
+pub(crate) fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
     let out = Command::new("kubectl")
         .arg("--kubeconfig")
         .arg(&cluster.1)
@@ -117,8 +117,35 @@ pub fn kubectl(cluster: &Cluster, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// `kubectl apply -f -` of `yaml` against `cluster`.
+pub(crate) fn apply(cluster: &Cluster, yaml: &str) -> Result {
+    use std::io::Write as _;
+    let mut child = Command::new("kubectl")
+        .args(["--kubeconfig", path(cluster), "apply", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("running kubectl: {e}"))?;
+    child
+        .stdin
+        .take()
+        .ok_or("kubectl stdin")?
+        .write_all(yaml.as_bytes())
+        .map_err(|e| format!("writing to kubectl: {e}"))?;
+    let status = child.wait().map_err(|e| format!("kubectl: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("kubectl apply failed on {}", cluster.0))
+    }
+}
+
 /// Polls `check` every 200 ms until it gives a value, for at most `limit`.
-pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> Result<T> {
+pub(crate) fn wait_for<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> Option<T>,
+) -> Result<T> {
     let start = Instant::now();
     loop {
         if let Some(v) = check() {
@@ -131,12 +158,12 @@ pub fn wait_for<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Optio
     }
 }
 
-pub fn path(c: &Cluster) -> &str {
+pub(crate) fn path(c: &Cluster) -> &str {
     c.1.to_str().unwrap_or_default()
 }
 
 /// The value of `--name N` on the command line, or `default`.
-pub fn arg(name: &str, default: u64) -> Result<u64> {
+pub(crate) fn arg(name: &str, default: u64) -> Result<u64> {
     let args: Vec<String> = std::env::args().collect();
     match args.iter().position(|a| a == name) {
         Some(i) => args
@@ -147,7 +174,7 @@ pub fn arg(name: &str, default: u64) -> Result<u64> {
     }
 }
 
-pub fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -158,7 +185,7 @@ pub fn is_root() -> bool {
         .unwrap_or(false)
 }
 
-pub fn ok(out: &Output, what: &str) -> Result {
+pub(crate) fn ok(out: &Output, what: &str) -> Result {
     if out.status.success() {
         Ok(())
     } else {
@@ -170,7 +197,7 @@ pub fn ok(out: &Output, what: &str) -> Result {
 }
 
 /// Exits with the error printed, for `main`.
-pub fn exit(name: &str, result: Result) -> std::process::ExitCode {
+pub(crate) fn exit(name: &str, result: Result) -> std::process::ExitCode {
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
