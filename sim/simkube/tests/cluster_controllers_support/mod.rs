@@ -148,6 +148,20 @@ pub(crate) async fn set_pod_ready(
     ip: &str,
     ready: bool,
 ) {
+    try_set_pod_ready(client, namespace, name, ip, ready)
+        .await
+        .expect("pod status");
+}
+
+/// [`set_pod_ready`] for a pod that may be gone by now: a controller can delete it between
+/// the fake kubelet's list and its write, as it can under a real kubelet.
+async fn try_set_pod_ready(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    ip: &str,
+    ready: bool,
+) -> kube::Result<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let status = if ready { "True" } else { "False" };
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -166,7 +180,6 @@ pub(crate) async fn set_pod_ready(
     }});
     pods.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
-        .expect("pod status");
 }
 
 /// A stand-in for the kubelets of the fake nodes: marks bound pods Running and Ready (with a
@@ -221,7 +234,11 @@ pub(crate) fn fake_kubelet(client: Client, ready_after: Duration) -> FakeKubelet
                         u32::from(std::net::Ipv4Addr::new(10, 244, 0, 0)) + next_ip,
                     );
                     next_ip += 1;
-                    set_pod_ready(&client, &ns, &name, &ip.to_string(), true).await;
+                    match try_set_pod_ready(&client, &ns, &name, &ip.to_string(), true).await {
+                        Ok(_) => {}
+                        Err(kube::Error::Api(e)) if e.code == 404 => {}
+                        Err(e) => panic!("fake kubelet: status of {ns}/{name}: {e}"),
+                    }
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
