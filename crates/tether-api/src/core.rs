@@ -76,8 +76,13 @@ pub struct ForeignClusterSpec {
 /// Which cluster of a peering runs the listening end of the tunnel.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum GatewayServerSide {
-    /// The provider listens and the consumer dials it (the default).
+    /// The consumer's controller chooses (the default): the provider listens first; if the
+    /// tunnel does not connect in time, the consumer listens instead, and so on in turn until
+    /// one connects, after which that side stays. An explicit `address` or `dialPort` fixes
+    /// the provider as the listening side.
     #[default]
+    Auto,
+    /// The provider listens and the consumer dials it.
     Provider,
     /// The consumer listens and the provider dials it, for a provider that cannot be reached
     /// from outside (behind NAT).
@@ -88,7 +93,8 @@ pub enum GatewayServerSide {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkingOptions {
-    /// Which cluster runs the gateway server.
+    /// Which cluster runs the gateway server; `status.networking.gatewayServer` says which
+    /// one does.
     #[serde(default)]
     pub gateway_server: GatewayServerSide,
     /// How the gateway server's Service is exposed.
@@ -157,6 +163,14 @@ pub struct ProviderAccess {
     /// until the first identity is issued; the controller deletes the Secret afterwards.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token_secret_ref: Option<LocalObjectRef>,
+
+    /// In-band peering: the provider's authentication service and API server are reached
+    /// through the tunnel, at hosts 2 and 1 of the provider's external CIDR as this cluster
+    /// sees it. `authURL` is such an address, and the issued kubeconfig is rewritten to the
+    /// in-band API server address (verified as `kubernetes.default.svc`). `tether peer
+    /// --in-band` sets it after building the tunnel.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_band: bool,
 }
 
 /// A reference to an object by name, in a namespace the context defines.
@@ -299,6 +313,51 @@ pub struct ForeignClusterStatus {
     /// Per-module conditions: Authentication, Networking, Offloading, APIServerReachable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The networking module's choices that must outlive a controller restart; set by the
+    /// consumer's controller while it manages the tunnel.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networking: Option<NetworkingStatus>,
+}
+
+/// How the consumer's controller runs the tunnel of a peering.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkingStatus {
+    /// The cluster whose gateway listens now: Provider or Consumer (never Auto).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_server: Option<GatewayServerSide>,
+    /// Why that cluster listens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway_server_choice: Option<GatewayServerChoice>,
+    /// With the automatic choice, before the tunnel first connects: when both gateways of the
+    /// current side were in place. The other side is tried when the tunnel is not up within
+    /// the attempt window after it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt_started_at: Option<Time>,
+    /// With the automatic choice: how many times the listening side was switched because the
+    /// tunnel did not connect.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub switches: u32,
+    /// True once the tunnel connected with this side. An automatic choice then stays, so a
+    /// later outage shows as a dead tunnel rather than a switch.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub connected: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Why a cluster runs the gateway server of a peering.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum GatewayServerChoice {
+    /// `spec.networking.gatewayServer` names the side.
+    Requested,
+    /// `spec.networking.address` or `dialPort` says how to dial the provider's gateway, so
+    /// the provider listens.
+    AddressGiven,
+    /// Chosen automatically from which side's gateway could be reached.
+    Automatic,
 }
 
 /// The per-peer namespaces on both sides.

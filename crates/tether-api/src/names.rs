@@ -127,6 +127,94 @@ pub mod network {
     pub const SERVICE_CIDRS: &str = "serviceCIDRs";
     /// The external CIDR peers use to reach addresses outside this cluster's pods.
     pub const EXTERNAL_CIDR: &str = "externalCIDR";
+    /// The one CIDR peers' colliding CIDRs are remapped into; RFC 1918 when absent.
+    pub const REMAP_POOL: &str = "remapPool";
+}
+
+/// In-band peering: a provider publishes its control plane through the tunnel under fixed
+/// hosts of its external CIDR, so a consumer that cannot reach it otherwise still can.
+pub mod in_band {
+    use std::net::Ipv4Addr;
+
+    /// Host of the external CIDR standing for the `default/kubernetes` Service (the API server).
+    pub const API_SERVER_HOST: u32 = 1;
+    /// Host of the external CIDR standing for the authentication Service.
+    pub const AUTH_HOST: u32 = 2;
+    /// Port of the `default/kubernetes` Service.
+    pub const API_SERVER_PORT: u16 = 443;
+    /// The name every Kubernetes API server certificate carries; a kubeconfig pointing at an
+    /// in-band address verifies the certificate against it (`tls-server-name`).
+    pub const API_SERVER_NAME: &str = "kubernetes.default.svc";
+    /// The default external CIDR of `tether install`. A cluster's remaps never use its own
+    /// external CIDR; a peer with the same one sees it remapped.
+    pub const DEFAULT_EXTERNAL_CIDR: &str = "10.70.0.0/16";
+
+    /// Host `host` of the IPv4 CIDR `cidr` (`a.b.c.d/len`), or `None` when the text is no
+    /// CIDR or the CIDR has no such host (the network and broadcast addresses are not hosts).
+    pub fn address(cidr: &str, host: u32) -> Option<Ipv4Addr> {
+        let (addr, len) = cidr.split_once('/')?;
+        let addr: Ipv4Addr = addr.parse().ok()?;
+        let len: u32 = len.parse().ok()?;
+        if len > 30 || host == 0 {
+            return None;
+        }
+        let size = 1u64 << (32 - len);
+        if u64::from(host) >= size - 1 {
+            return None;
+        }
+        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+        Some(Ipv4Addr::from((u32::from(addr) & mask) + host))
+    }
+
+    /// The in-band API server URL for an external CIDR (as the consumer sees it).
+    pub fn api_server_url(cidr: &str) -> Option<String> {
+        address(cidr, API_SERVER_HOST).map(|a| format!("https://{a}:{API_SERVER_PORT}"))
+    }
+
+    /// The in-band authentication URL for an external CIDR (as the consumer sees it) and the
+    /// authentication Service's port.
+    pub fn auth_url(cidr: &str, port: u16) -> Option<String> {
+        address(cidr, AUTH_HOST).map(|a| format!("https://{a}:{port}"))
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn hosts_of_the_external_cidr() {
+            assert_eq!(
+                address("10.70.0.0/16", API_SERVER_HOST),
+                Some(Ipv4Addr::new(10, 70, 0, 1))
+            );
+            assert_eq!(
+                address("10.71.0.0/16", AUTH_HOST),
+                Some(Ipv4Addr::new(10, 71, 0, 2))
+            );
+            // Host bits in the text do not shift the result.
+            assert_eq!(
+                address("10.70.3.4/16", AUTH_HOST),
+                Some(Ipv4Addr::new(10, 70, 0, 2))
+            );
+            // A /30 has hosts 1 and 2; a /31 or /32 has no room for the convention.
+            assert_eq!(
+                address("192.0.2.4/30", AUTH_HOST),
+                Some(Ipv4Addr::new(192, 0, 2, 6))
+            );
+            assert_eq!(address("192.0.2.4/31", API_SERVER_HOST), None);
+            assert_eq!(address("192.0.2.4/30", 3), None, "the broadcast address");
+            assert_eq!(address("not a cidr", 1), None);
+            assert_eq!(address("10.70.0.0/16", 0), None);
+            assert_eq!(
+                api_server_url("10.70.0.0/16").as_deref(),
+                Some("https://10.70.0.1:443")
+            );
+            assert_eq!(
+                auth_url("10.80.0.0/16", 8443).as_deref(),
+                Some("https://10.80.0.2:8443")
+            );
+        }
+    }
 }
 
 /// The fabric overlay between every node and the gateway pods: one VXLAN device in each node's

@@ -173,6 +173,10 @@ pub struct GatewayServerSpec {
     /// Secret holding the gateway's WireGuard private key; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalObjectRef>,
+    /// In-band peering: this gateway publishes its cluster's API server and authentication
+    /// Service to the peer under hosts 1 and 2 of the local external CIDR.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_band: bool,
 }
 
 /// How a gateway server is exposed.
@@ -291,6 +295,10 @@ pub struct GatewayClientSpec {
     /// Secret holding the client's WireGuard private key; generated when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_ref: Option<LocalObjectRef>,
+    /// In-band peering: this gateway publishes its cluster's API server and authentication
+    /// Service to the peer under hosts 1 and 2 of the local external CIDR.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_band: bool,
 }
 
 /// Observed state of a gateway client.
