@@ -49,6 +49,9 @@ pub struct Config {
     pub remap_pools: Vec<Ipv4Net>,
     /// The peers, sorted by id (marks and route tables follow this order).
     pub peers: Vec<PeerSpec>,
+    /// Local addresses published to peers under addresses of the external CIDR (the
+    /// control plane of an in-band peering; `tetherd gateway --publish`).
+    pub ip_mappings: Vec<tether_netplan::IpMapping>,
 }
 
 /// One validated peer.

@@ -71,6 +71,7 @@ pub fn gateway_input(config: &Config) -> Result<GatewayInput, ConfigError> {
         },
         mtu: config.mtu,
         peers,
+        ip_mappings: config.ip_mappings.clone(),
         ..GatewayInput::default()
     })
 }

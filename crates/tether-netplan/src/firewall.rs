@@ -54,7 +54,7 @@ pub(crate) fn ruleset(input: &GatewayInput) -> Ruleset {
     for (index, peer) in input.peers.iter().enumerate() {
         peer_rules(&context, index, peer, &mut rules);
     }
-    ip_mapping_rules(input, &tunnels, &mut rules);
+    ip_mapping_rules(input, &tunnels, &context.from_local, &mut rules);
 
     let mut prerouting = rules.guard;
     prerouting.extend(rules.restore);
@@ -207,7 +207,7 @@ fn peer_rules(context: &Context<'_>, index: usize, peer: &PeerInput, rules: &mut
 }
 
 /// DNAT for peers connecting to a published address, SNAT for connections it opens to peers.
-fn ip_mapping_rules(input: &GatewayInput, tunnels: &str, rules: &mut Rules) {
+fn ip_mapping_rules(input: &GatewayInput, tunnels: &str, from_local: &str, rules: &mut Rules) {
     if input.ip_mappings.is_empty() {
         return;
     }
@@ -223,6 +223,28 @@ fn ip_mapping_rules(input: &GatewayInput, tunnels: &str, rules: &mut Rules) {
         .iter()
         .map(|m| format!("{} : {}", m.real, m.external))
         .collect();
+    // Conntrack zones for connections with a published address. One a peer opens gets the
+    // peer's zone in the original direction only: its replies come back addressed to the
+    // gateway itself (see the masquerade below), which tells no peer apart, so they are looked
+    // up in the default zone. One a published address opens stays in the default zone both
+    // ways, so that its replies, arriving with the published address as destination like a
+    // peer's new connection, are found through the reply-direction lookup. Before the
+    // per-peer rules, which would otherwise set the zone both ways.
+    let mut zone_rules = vec![NftRule::new(
+        format!("{from_local} ip saddr {reals} return"),
+        "published address: its own connections in the default zone",
+    )];
+    for (index, peer) in input.peers.iter().enumerate() {
+        zone_rules.push(NftRule::new(
+            format!(
+                "iifname {} ip daddr {externals} ct original zone set {} return",
+                quoted(&peer.interface),
+                index + 1
+            ),
+            format!("peer {}: to a published address, own zone one way", peer.id),
+        ));
+    }
+    rules.zone.splice(0..0, zone_rules);
     rules.dstnat.push(NftRule::new(
         format!(
             "iifname {tunnels} ip daddr {externals} dnat ip to ip daddr map {{ {} }}",
@@ -230,6 +252,16 @@ fn ip_mapping_rules(input: &GatewayInput, tunnels: &str, rules: &mut Rules) {
         ),
         "external IP to local address",
     ));
+    // The one deliberate masquerade: the real address may be outside the pod network (the
+    // API server is) and the peer's source may equal a local pod address, so replies would
+    // not find their way back. Before the per-peer prefix SNAT, which would otherwise match.
+    rules.srcnat.insert(
+        0,
+        NftRule::new(
+            format!("iifname {tunnels} ip daddr {reals} ct status dnat masquerade"),
+            "published address: replies return through the gateway",
+        ),
+    );
     rules.srcnat.push(NftRule::new(
         format!(
             "oifname {tunnels} ip saddr {reals} snat ip to ip saddr map {{ {} }}",

@@ -37,7 +37,14 @@
 //!
 //! Local non-pod addresses (the API server for the in-band control plane, say) can be published
 //! under addresses of our external CIDR ([`GatewayInput::ip_mappings`]): DNAT for peers that
-//! connect to them, SNAT for connections they open towards peers.
+//! connect to them, SNAT for connections they open towards peers. A connection a peer opens to
+//! such an address is also masqueraded to the gateway's own address: the real target may be
+//! outside the pod network (the API server is) and the peer's source may equal one of our pod
+//! addresses, so only the gateway can take the replies back. This is the one deliberate
+//! masquerade, for control traffic only; pod-to-pod traffic keeps its (remapped) sources.
+//! Such a connection is in its peer's conntrack zone in the original direction only (`ct
+//! original zone`), since its replies, addressed to the gateway, tell no peer apart; the
+//! connections a published address opens stay in the default zone.
 //!
 //! Reverse-path filtering is off on tunnels (loose mode would still drop a peer source that only
 //! the peer's marked table routes) and loose on pod interfaces; the per-peer source guard is the

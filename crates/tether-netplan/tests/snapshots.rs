@@ -247,9 +247,11 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
             table ip tether
             delete table ip tether
             table ip tether {
-            	comment "tether:8009337548d569d2"
+            	comment "tether:77c35847fb1fd8ef"
             	chain zone {
             		type filter hook prerouting priority raw; policy accept;
+            		iifname "eth0" ip saddr { 192.168.1.10, 10.96.0.1 } return comment "published address: its own connections in the default zone"
+            		iifname "tether-b" ip daddr { 10.70.0.1, 10.70.0.5 } ct original zone set 1 return comment "peer cluster-b: to a published address, own zone one way"
             		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
             		iifname "eth0" ip daddr { 10.71.0.0/16, 10.81.0.0/16 } ct zone set 1 comment "peer cluster-b: own conntrack zone"
             	}
@@ -274,6 +276,7 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
             	}
             	chain srcnat {
             		type nat hook postrouting priority srcnat; policy accept;
+            		iifname "tether-b" ip daddr { 192.168.1.10, 10.96.0.1 } ct status dnat masquerade comment "published address: replies return through the gateway"
             		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
             		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
             		oifname "tether-b" ip saddr { 192.168.1.10, 10.96.0.1 } snat ip to ip saddr map { 192.168.1.10 : 10.70.0.1, 10.96.0.1 : 10.70.0.5 } comment "local address to external IP"

@@ -64,6 +64,11 @@ struct GatewayArgs {
     /// Deployment sets it from `status.podIP`); without it the gateway runs no fabric.
     #[arg(long, env = "POD_IP", requires = "namespace")]
     pod_ip: Option<std::net::Ipv4Addr>,
+    /// With --namespace: publish the local address REAL to the peer under EXTERNAL, an
+    /// address of this cluster's external CIDR (repeatable; the controller sets it for an
+    /// in-band peering's API server and authentication Service).
+    #[arg(long, value_name = "EXTERNAL=REAL", value_parser = parse_publish, requires = "namespace")]
+    publish: Vec<tether_netplan::IpMapping>,
     /// Override the admin (metrics/health) address from the file (with --namespace, default
     /// 0.0.0.0:9090).
     #[arg(long)]
@@ -149,6 +154,21 @@ fn gateway(args: GatewayArgs) -> ExitCode {
     }
 }
 
+/// `EXTERNAL=REAL`, two IPv4 addresses.
+fn parse_publish(text: &str) -> Result<tether_netplan::IpMapping, String> {
+    let (external, real) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not EXTERNAL=REAL"))?;
+    let parse = |what: &str, s: &str| {
+        s.parse()
+            .map_err(|_| format!("{what} {s:?} in {text:?} is not an IPv4 address"))
+    };
+    Ok(tether_netplan::IpMapping {
+        external: parse("EXTERNAL", external)?,
+        real: parse("REAL", real)?,
+    })
+}
+
 /// `tetherd gateway --namespace NS --gateway-server|--gateway-client NAME`.
 fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
     use tether_gateway::cluster::run::{self, Target};
@@ -175,6 +195,7 @@ fn gateway_from_objects(args: GatewayArgs) -> ExitCode {
         underlay_mtu: None,
         reconcile_interval: tether_gateway::config::DEFAULT_RECONCILE_INTERVAL,
         fabric_ip: args.pod_ip,
+        publish: args.publish.clone(),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -61,6 +61,9 @@ pub struct Assessment {
 pub struct Tracker {
     down_since: Option<Duration>,
     ever_connected: bool,
+    /// Handshakes refused up to the last time the tunnel was up: only later ones say that
+    /// the keys no longer match.
+    rejected_while_up: u64,
 }
 
 impl Tracker {
@@ -73,6 +76,7 @@ impl Tracker {
         if alive {
             self.down_since = None;
             self.ever_connected = true;
+            self.rejected_while_up = sample.rejected_handshakes;
             let latency = sample.probe.rtt.map(format_latency);
             return Assessment {
                 state: ConnectionState::Connected,
@@ -98,16 +102,20 @@ impl Tracker {
             ConnectionState::Connecting
         };
         let secs = down.as_secs();
-        let (reason, message) = if sample.rejected_handshakes > 0
-            && sample.last_handshake_age.is_none()
-        {
+        let refused = sample
+            .rejected_handshakes
+            .saturating_sub(self.rejected_while_up);
+        // Refusals count only while no handshake has completed since the tunnel went down: a
+        // peer whose key changed after a good start is refused just like one that never had it.
+        let no_handshake_since_down = sample.last_handshake_age.is_none_or(|age| age >= down);
+        let (reason, message) = if refused > 0 && no_handshake_since_down {
             (
                 "HandshakeRejected",
                 format!(
-                    "no handshake for {secs}s, and {} handshake message(s) from the remote were refused: \
+                    "no handshake for {secs}s, and {refused} handshake message(s) from the remote were refused: \
                      the keys do not match. Check that the client's spec.serverPublicKey is the server's \
                      public key and the server's spec.clientPublicKey is the client's ({})",
-                    sample.rejected_handshakes, ctx.object
+                    ctx.object
                 ),
             )
         } else if self.ever_connected || sample.last_handshake_age.is_some() {
@@ -301,6 +309,37 @@ mod tests {
                 + &timeline(&server, &never)
                 + &timeline(&server, &rejected)),
         );
+    }
+
+    #[test]
+    fn refusals_after_a_good_start_blame_the_keys_older_ones_do_not() {
+        let server = Context {
+            type_: GatewayType::Server,
+            endpoint: None,
+            object: "GatewayServer tether-tenant-a/tether-gateway".into(),
+        };
+        // Up until t=3 with 2 stray refusals from before; then the client's idea of our key
+        // changes: its handshakes are refused from t=6 on, and the old session's probes die.
+        let mut samples: Vec<Sample> = (1..=3)
+            .map(|at| Sample {
+                rejected_handshakes: 2,
+                ..answered(at, 200, 300)
+            })
+            .collect();
+        for (at, rejected) in [(6, 2), (8, 4), (40, 30)] {
+            let mut x = answered(at, (at - 3) * 1000 + 900, 300);
+            x.last_handshake_age = Some(s(at - 1));
+            x.rejected_handshakes = rejected;
+            samples.push(x);
+        }
+        expect![[r#"
+            t= 1s Connected ProbesAnswered latency=Some("0.3ms"): the remote gateway answers probes through the tunnel (round trip 0.3ms)
+            t= 2s Connected ProbesAnswered latency=Some("0.3ms"): the remote gateway answers probes through the tunnel (round trip 0.3ms)
+            t= 3s Connected ProbesAnswered latency=Some("0.3ms"): the remote gateway answers probes through the tunnel (round trip 0.3ms)
+            t= 6s Connecting ProbesUnanswered latency=None: no probe answered through the tunnel for 3s (last handshake 5s ago): the remote gateway is down or the path between the clusters drops UDP
+            t= 8s Connecting HandshakeRejected latency=None: no handshake for 5s, and 2 handshake message(s) from the remote were refused: the keys do not match. Check that the client's spec.serverPublicKey is the server's public key and the server's spec.clientPublicKey is the client's (GatewayServer tether-tenant-a/tether-gateway)
+            t=40s Error HandshakeRejected latency=None: no handshake for 37s, and 28 handshake message(s) from the remote were refused: the keys do not match. Check that the client's spec.serverPublicKey is the server's public key and the server's spec.clientPublicKey is the client's (GatewayServer tether-tenant-a/tether-gateway)
+        "#]].assert_eq(&timeline(&server, &samples));
     }
 
     #[test]

@@ -90,6 +90,8 @@ pub struct Settings {
     pub reconcile_interval: Duration,
     /// This pod's IP, the local end of the fabric to the nodes; `None` runs no fabric.
     pub fabric_ip: Option<std::net::Ipv4Addr>,
+    /// Local addresses published under addresses of the external CIDR (`--publish`).
+    pub publish: Vec<tether_netplan::IpMapping>,
 }
 
 /// Why there is no configuration yet.
@@ -379,6 +381,7 @@ pub fn translate(objects: &Objects<'_>, settings: &Settings) -> Result<Config, N
         reconcile_interval: settings.reconcile_interval,
         remap_pools: tether_ipam::IpamConfig::rfc1918_pools(),
         peers,
+        ip_mappings: settings.publish.clone(),
     })
 }
 

@@ -120,6 +120,7 @@ pub(super) fn validate(raw: RawConfig, base: Option<&Path>) -> Result<Config, Co
         reconcile_interval,
         remap_pools,
         peers,
+        ip_mappings: Vec::new(),
     })
 }
 

@@ -87,6 +87,7 @@ fn settings() -> Settings {
         underlay_mtu: Some(1500),
         reconcile_interval: Duration::from_secs(10),
         fabric_ip: None,
+        publish: Vec::new(),
     }
 }
 
