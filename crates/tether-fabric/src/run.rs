@@ -149,8 +149,8 @@ pub struct NodeConfig {
     pub debounce: Duration,
 }
 
-/// Keeps this node's fabric at the state the API describes until `shutdown`, then tears it
-/// down. Returns an error only when the kernel adapter cannot be opened or the final teardown
+/// Keeps this node's fabric at the state the API describes (none at all without remote
+/// clusters) until `shutdown`, then tears it down. Returns an error only when the kernel adapter cannot be opened or the final teardown
 /// fails; reconcile errors are logged, counted and retried.
 pub async fn run_node(
     client: Client,
@@ -231,9 +231,9 @@ pub async fn run_node(
             nodes: cloned(&nodes),
         };
         match reconcile_node(&mut applier, &config, &view, &mut last_notes).await {
-            Ok(plan) => {
+            Ok(routes) => {
                 readiness.set_ready(READINESS);
-                tracing::debug!(routes = plan.routes.len(), "fabric reconciled");
+                tracing::debug!(routes, "fabric reconciled");
             }
             Err(error) => {
                 readiness.set_not_ready(READINESS, error.to_string());
@@ -258,7 +258,7 @@ async fn reconcile_node(
     config: &NodeConfig,
     view: &View,
     last_notes: &mut Vec<String>,
-) -> Result<FabricPlan, FabricRunError> {
+) -> Result<usize, FabricRunError> {
     let node = view
         .nodes
         .iter()
@@ -291,7 +291,13 @@ async fn reconcile_node(
         }
         last_notes.clone_from(&built.notes);
     }
-    applier.apply(&built.input).await
+    // With no remote cluster a node needs no device, table or route: after the last unpeer
+    // (or before the first peering) nothing of Tether stays in its network namespace.
+    if built.input.peers.is_empty() && built.input.unreachable.is_empty() {
+        applier.teardown().await?;
+        return Ok(0);
+    }
+    Ok(applier.apply(&built.input).await?.routes.len())
 }
 
 fn cloned<K: Resource + Clone>(store: &Store<K>) -> Vec<K>
