@@ -14,10 +14,11 @@ use tether_api::ClusterId;
 use tether_api::authentication::{ResourceSlice, Tenant};
 use tether_api::conditions::{self, Status, Time, types};
 use tether_api::core::{
-    ForeignCluster, ForeignClusterStatus, IdentityStatus, ObjectRef, Phase, TenantNamespaces,
+    ForeignCluster, ForeignClusterStatus, IdentityStatus, NetworkingStatus, ObjectRef, Phase,
+    ProviderAccess, TenantNamespaces,
 };
 use tether_api::names::{self, finalizers, objects};
-use tether_api::networking::Connection;
+use tether_api::networking::{Configuration, Connection};
 use tether_api::peering::TOKEN_KEY;
 
 use crate::auth::client::{AuthClient, ClientError};
@@ -290,6 +291,7 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         // Not (or no longer) consuming: an identity kept from before is revoked.
         drop_identity(fctx, &remote).await?;
         st.identity = None;
+        st.networking = None;
         st.api_server_url = None;
         conditions_remove(&mut st, types::API_SERVER_REACHABLE);
         if tenant.is_some() {
@@ -601,6 +603,7 @@ async fn consumer_step(
                 Ok((issued, key)) => {
                     let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
                     let s = Stored::new(remote, &issued, &key.key_pem, now, old.renewals + 1, auth);
+                    let s = placed(fctx, access, remote, s).await?;
                     let v = write_identity(fctx, remote, &local_ns, &s).await?;
                     tracing::info!(provider = %remote, renewals = s.renewals, expires_at = s.expires_at, "identity renewed");
                     (s, v)
@@ -669,7 +672,9 @@ async fn consumer_step(
     }
     let api_ok = ping(fctx, remote, &stored, &version, st).await;
     if api_ok && fc.spec.modules.networking.enabled {
-        *net = Some(network_step(fctx, fc, remote, &stored, &version).await);
+        *net = Some(network_step(fctx, fc, remote, &stored, &version, &mut st.networking).await);
+    } else if !fc.spec.modules.networking.enabled {
+        st.networking = None;
     }
     let until_renewal = u64::try_from(stored.renew_at - unix_now())
         .unwrap_or(0)
@@ -694,13 +699,15 @@ async fn consumer_step(
 }
 
 /// One pass of the networking module with the provider's API server; its errors become the
-/// condition's message, since authentication itself is fine.
+/// condition's message, since authentication itself is fine. `record` is
+/// `status.networking`, which keeps the side that listens across passes and restarts.
 async fn network_step(
     fctx: &FcCtx,
     fc: &ForeignCluster,
     remote: &ClusterId,
     s: &Stored,
     version: &str,
+    record: &mut Option<NetworkingStatus>,
 ) -> NetOutcome {
     let provider = match fctx
         .clients
@@ -716,12 +723,14 @@ async fn network_step(
             };
         }
     };
+    let in_band = fc.spec.provider.as_ref().is_some_and(|p| p.in_band);
     match crate::network::exchange::consumer_step(
-        &fctx.ctx,
+        &crate::network::exchange::Consumer::of(&fctx.ctx, in_band),
         &provider,
         remote,
         &s.remote_namespace,
         &fc.spec.networking,
+        record,
     )
     .await
     {
@@ -845,6 +854,42 @@ async fn issue(
         });
     }
     Ok((issued, key))
+}
+
+/// The identity as the consumer keeps it: for an in-band peering the kubeconfig points at the
+/// provider's API server through the tunnel, host 1 of the provider's external CIDR as this
+/// cluster sees it (the local view in our Configuration's status), since the address the
+/// provider reports is not reachable from here.
+async fn placed(
+    fctx: &FcCtx,
+    access: &ProviderAccess,
+    remote: &ClusterId,
+    s: Stored,
+) -> Result<Stored, Error> {
+    if !access.in_band {
+        return Ok(s);
+    }
+    let ns = names::tenant_namespace(remote);
+    let conf = Api::<Configuration>::namespaced(fctx.ctx.client.clone(), &ns)
+        .get_opt(remote.as_str())
+        .await
+        .map_err(Error::kube(format!("reading Configuration {ns}/{remote}")))?;
+    let view = conf
+        .and_then(|c| c.status?.remote?.cidr.external.into_iter().next())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "in-band peering: Configuration {ns}/{remote} has no local view of {remote}'s \
+                 external CIDR, so its API server has no in-band address; check that {remote} \
+                 was installed with an external CIDR and run `tether peer --in-band` again"
+            ))
+        })?;
+    let url = names::in_band::api_server_url(&view).ok_or_else(|| {
+        Error::Invalid(format!(
+            "in-band peering: the external CIDR view {view} has no host {}",
+            names::in_band::API_SERVER_HOST
+        ))
+    })?;
+    s.in_band(&url).map_err(Error::Invalid)
 }
 
 async fn write_identity(
@@ -1050,6 +1095,7 @@ async fn first_identity(
             let auth = (access.auth_url.as_str(), access.ca_fingerprint.as_str());
             let s = Stored::new(remote, &issued, &key.key_pem, now, 0, auth);
             namespaces::ensure(ctx, remote).await?;
+            let s = placed(fctx, &access, remote, s).await?;
             let v = write_identity(fctx, remote, local_ns, &s).await?;
             delete_token(fctx, fc).await?;
             tracing::info!(provider = %remote, expires_at = s.expires_at, "identity issued");

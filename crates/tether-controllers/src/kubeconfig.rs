@@ -70,6 +70,32 @@ pub fn render(provider: &ClusterId, issued: &IssuedIdentity, key_pem: &str) -> S
     serde_yaml::to_string(&config).unwrap_or_default()
 }
 
+/// Points every cluster of `kubeconfig` at `server`, verifying the server's certificate
+/// against `tls_server_name` instead of the address: an in-band peering reaches the provider's
+/// API server at an address of its external CIDR, which no certificate carries, under the
+/// name every API server certificate does. Fails only on YAML that is not a kubeconfig.
+pub fn rewrite_server(
+    kubeconfig: &str,
+    server: &str,
+    tls_server_name: &str,
+) -> Result<String, String> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(kubeconfig)
+        .map_err(|e| format!("the kubeconfig is unreadable: {e}"))?;
+    let clusters = doc
+        .get_mut("clusters")
+        .and_then(serde_yaml::Value::as_sequence_mut)
+        .ok_or("the kubeconfig has no clusters")?;
+    for entry in clusters {
+        let cluster = entry
+            .get_mut("cluster")
+            .and_then(serde_yaml::Value::as_mapping_mut)
+            .ok_or("a cluster of the kubeconfig has no `cluster` map")?;
+        cluster.insert("server".into(), server.into());
+        cluster.insert("tls-server-name".into(), tls_server_name.into());
+    }
+    serde_yaml::to_string(&doc).map_err(|e| format!("writing the kubeconfig: {e}"))
+}
+
 /// What the consumer stores: the kubeconfig plus its schedule in annotations.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Stored {
@@ -126,6 +152,18 @@ impl Stored {
             auth_url: auth.0.to_owned(),
             auth_fingerprint: auth.1.to_owned(),
         }
+    }
+
+    /// The record with the provider's API server reached in-band at `server` (see
+    /// [`rewrite_server`]); the issued address is not kept, since it is unreachable here.
+    pub fn in_band(mut self, server: &str) -> Result<Self, String> {
+        self.kubeconfig = rewrite_server(
+            &self.kubeconfig,
+            server,
+            tether_api::names::in_band::API_SERVER_NAME,
+        )?;
+        self.api_server = server.to_owned();
+        Ok(self)
     }
 
     /// The Secret holding this record.
@@ -223,6 +261,46 @@ mod tests {
             current-context: p1
         "#]]
         .assert_eq(&render(&p, &issued(), "KEY"));
+    }
+
+    #[test]
+    fn in_band_the_kubeconfig_points_at_the_tunnel_and_verifies_the_api_server_name() {
+        let p = ClusterId::new("p1").expect("id");
+        let s = Stored::new(&p, &issued(), "KEY", 1000, 0, ("https://a:1", "sha256:00"))
+            .in_band("https://10.71.0.1:443")
+            .expect("rewritten");
+        assert_eq!(s.api_server, "https://10.71.0.1:443");
+        expect_test::expect![[r#"
+            apiVersion: v1
+            kind: Config
+            clusters:
+            - name: p1
+              cluster:
+                server: https://10.71.0.1:443
+                certificate-authority-data: Q0E=
+                tls-server-name: kubernetes.default.svc
+            users:
+            - name: tether:consumer:c1
+              user:
+                client-certificate-data: Q0VSVA==
+                client-key-data: S0VZ
+            contexts:
+            - name: p1
+              context:
+                cluster: p1
+                user: tether:consumer:c1
+                namespace: tether-tenant-c1
+            current-context: p1
+        "#]]
+        .assert_eq(&s.kubeconfig);
+        // kube reads the name back, which is what its TLS connector verifies against.
+        let parsed = kube::config::Kubeconfig::from_yaml(&s.kubeconfig).expect("a kubeconfig");
+        let cluster = parsed.clusters[0].cluster.as_ref().expect("cluster");
+        assert_eq!(
+            cluster.tls_server_name.as_deref(),
+            Some("kubernetes.default.svc")
+        );
+        assert!(rewrite_server("clusters: 3", "https://x", "n").is_err());
     }
 
     #[test]

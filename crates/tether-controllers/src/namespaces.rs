@@ -28,6 +28,25 @@ pub fn peer_labels(remote: &ClusterId) -> BTreeMap<String, String> {
 /// Creates (or keeps) the tenant namespace for `remote` and lets the controller manage
 /// Secrets and Tether objects in it. Returns the namespace's name.
 pub async fn ensure(ctx: &Ctx, remote: &ClusterId) -> Result<String, Error> {
+    ensure_in(
+        &ctx.client,
+        remote,
+        &ctx.settings.service_account,
+        &ctx.settings.namespace,
+    )
+    .await
+}
+
+/// [`ensure`] with any client allowed to (`tether peer --in-band` prepares the namespaces of
+/// both clusters with admin clients), binding the controller's ServiceAccount
+/// `service_account` of namespace `controller_ns`. It applies as the controller does (same
+/// field manager), so the controller later adopts what it finds without a change.
+pub async fn ensure_in(
+    client: &kube::Client,
+    remote: &ClusterId,
+    service_account: &str,
+    controller_ns: &str,
+) -> Result<String, Error> {
     let name = names::tenant_namespace(remote);
     let mut ns_labels = peer_labels(remote);
     ns_labels.insert(labels::TENANT_NAMESPACE.to_owned(), "true".to_owned());
@@ -40,7 +59,7 @@ pub async fn ensure(ctx: &Ctx, remote: &ClusterId) -> Result<String, Error> {
         ..Default::default()
     };
     let pp = PatchParams::apply(FIELD_MANAGER).force();
-    Api::<Namespace>::all(ctx.client.clone())
+    Api::<Namespace>::all(client.clone())
         .patch(&name, &pp, &Patch::Apply(&ns))
         .await
         .map_err(Error::kube(format!("creating namespace {name}")))?;
@@ -58,12 +77,12 @@ pub async fn ensure(ctx: &Ctx, remote: &ClusterId) -> Result<String, Error> {
         },
         subjects: Some(vec![Subject {
             kind: "ServiceAccount".to_owned(),
-            name: ctx.settings.service_account.clone(),
-            namespace: Some(ctx.settings.namespace.clone()),
+            name: service_account.to_owned(),
+            namespace: Some(controller_ns.to_owned()),
             api_group: None,
         }]),
     };
-    Api::<RoleBinding>::namespaced(ctx.client.clone(), &name)
+    Api::<RoleBinding>::namespaced(client.clone(), &name)
         .patch(objects::CONTROLLER, &pp, &Patch::Apply(&binding))
         .await
         .map_err(Error::kube(format!(

@@ -18,3 +18,4 @@ pub mod gateway;
 pub mod local;
 pub mod remaps;
 pub mod render;
+pub mod server_side;

@@ -194,6 +194,7 @@ impl Side {
                     auth_url: provider.auth_url(),
                     ca_fingerprint: fingerprint.into(),
                     token_secret_ref: Some(LocalObjectRef { name: secret_name }),
+                    in_band: false,
                 }),
                 modules: Modules::default(),
                 networking: tether_api::core::NetworkingOptions::default(),

@@ -6,13 +6,14 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use tether_api::ClusterId;
 use tether_api::conditions::Status;
-use tether_api::core::{GatewayServerSide, NetworkingOptions};
+use tether_api::core::{GatewayServerSide, NetworkingOptions, NetworkingStatus};
 use tether_api::names::{self, annotations, objects};
 use tether_api::networking::{
-    Configuration, Connection, ConnectionState, Endpoint, GatewayClient, GatewayServer,
+    Configuration, Connection, ConnectionState, Endpoint, GatewayClient, GatewayServer, GatewayType,
 };
 
 use super::local;
+use super::server_side::{self, Seen};
 use crate::Error;
 use crate::context::Ctx;
 use crate::namespaces::peer_labels;
@@ -88,16 +89,51 @@ fn apply_params() -> PatchParams {
     PatchParams::apply(CONSUMER_MANAGER).force()
 }
 
+/// The consumer's side of one exchange: a client of this cluster and what the exchange needs
+/// to know about it. The controller builds it from its context ([`Consumer::of`]); `tether
+/// peer --in-band` builds it from the admin client, so that the exchange has one
+/// implementation whoever runs it.
+#[derive(Clone)]
+pub struct Consumer {
+    /// A client of this (the consumer's) cluster.
+    pub client: kube::Client,
+    /// This cluster's ID.
+    pub id: ClusterId,
+    /// The namespace Tether runs in here (where the `tether-network` ConfigMap is).
+    pub namespace: String,
+    /// In-band peering: the provider-side gateway publishes the provider's control plane.
+    pub in_band: bool,
+}
+
+impl Consumer {
+    /// The controller's own view.
+    pub fn of(ctx: &Ctx, in_band: bool) -> Self {
+        Self {
+            client: ctx.client.clone(),
+            id: ctx.cluster_id().clone(),
+            namespace: ctx.settings.namespace.clone(),
+            in_band,
+        }
+    }
+
+    fn cluster_id(&self) -> &ClusterId {
+        &self.id
+    }
+}
+
 /// One pass of the consumer's networking step. `provider` is a client with the identity the
-/// provider issued; `remote_ns` is this cluster's tenant namespace there.
+/// provider issued (or, from `tether peer --in-band`, an admin client of the provider);
+/// `remote_ns` is this cluster's tenant namespace there. `record` is the ForeignCluster's
+/// `status.networking` (which side listens, and why), updated in place.
 pub async fn consumer_step(
-    ctx: &Ctx,
+    ctx: &Consumer,
     provider: &kube::Client,
     remote: &ClusterId,
     remote_ns: &str,
     options: &NetworkingOptions,
+    record: &mut Option<NetworkingStatus>,
 ) -> Result<NetOutcome, Error> {
-    let local = match local::load(ctx).await? {
+    let local = match local::load_in(&ctx.client, &ctx.namespace).await? {
         Ok(l) => l,
         Err(message) => return Ok(NetOutcome::waiting("NetworkUnknown", message)),
     };
@@ -168,28 +204,96 @@ pub async fn consumer_step(
         tunnel_consumer::<GatewayClient>(provider, remote_ns).await?,
     ];
     let found: Vec<Option<&str>> = found.iter().flatten().map(|o| o.as_deref()).collect();
-    let gateway = match (tunnel_role(own.as_str(), &found), options.gateway_server) {
-        (TunnelRole::Share { .. }, _) => None,
-        (TunnelRole::Manage, GatewayServerSide::Provider) => {
-            server_there(ctx, provider, remote, remote_ns, &local_ns, options).await?
-        }
-        (TunnelRole::Manage, GatewayServerSide::Consumer) => {
+    let side = (tunnel_role(own.as_str(), &found) == TunnelRole::Manage)
+        .then(|| server_side::current(options, record.as_ref()));
+    let gateway = match side.as_ref().map(|s| s.gateway_server) {
+        None => None,
+        Some(Some(GatewayServerSide::Consumer)) => {
             server_here(ctx, provider, remote, remote_ns, &local_ns, options).await?
         }
+        Some(_) => server_there(ctx, provider, remote, remote_ns, &local_ns, options).await?,
     };
-    if let Some(waiting) = gateway {
-        return Ok(waiting);
-    }
+    let Some(side) = side else {
+        // The other direction's record says which side listens.
+        *record = None;
+        return match gateway {
+            Some(waiting) => Ok(waiting),
+            None => Ok(connection_outcome(
+                remote,
+                own_connection(ctx, &local_ns).await?.as_ref(),
+            )),
+        };
+    };
 
-    // 4. The tunnel, as our gateway sees it.
-    let conn = api::<Connection>(&ctx.client, &local_ns)
+    // 4. The tunnel, as our gateway sees it; it decides the automatic choice of the side.
+    let (outcome, seen) = match gateway {
+        Some(waiting) => (waiting, Seen::Starting),
+        None => {
+            let ours = match side.gateway_server {
+                Some(GatewayServerSide::Consumer) => GatewayType::Server,
+                _ => GatewayType::Client,
+            };
+            // Right after a switch the Connection of the old gateway may still be there
+            // until it is collected with its owner: it says nothing about the new pair.
+            let conn = own_connection(ctx, &local_ns)
+                .await?
+                .filter(|c| c.spec.type_ == ours);
+            let seen = match conn.as_ref().and_then(|c| c.status.as_ref()?.value) {
+                Some(ConnectionState::Connected) => Seen::Connected,
+                Some(_) => Seen::Down,
+                None => Seen::Starting,
+            };
+            (connection_outcome(remote, conn.as_ref()), seen)
+        }
+    };
+    let now = tether_api::conditions::Time(k8s_openapi::jiff::Timestamp::now());
+    let next = server_side::advance(&side, seen, &now);
+    Ok(side_outcome(&side, next, record, outcome, options))
+}
+
+/// Records `next` and adds to the condition what the automatic choice of the side is doing.
+fn side_outcome(
+    side: &NetworkingStatus,
+    next: NetworkingStatus,
+    record: &mut Option<NetworkingStatus>,
+    mut outcome: NetOutcome,
+    options: &NetworkingOptions,
+) -> NetOutcome {
+    if next.gateway_server != side.gateway_server {
+        tracing::info!(
+            from = server_side::side_name(side.gateway_server),
+            to = server_side::side_name(next.gateway_server),
+            switches = next.switches,
+            "the tunnel did not connect in time; switching the gateway server"
+        );
+        outcome.reason = "SwitchingGatewayServer";
+        outcome.message = format!(
+            "the tunnel did not connect within {}s with the {}'s gateway listening ({}): the {}'s \
+             gateway listens next",
+            server_side::ATTEMPT_WINDOW.as_secs(),
+            server_side::side_name(side.gateway_server),
+            outcome.message,
+            server_side::side_name(next.gateway_server),
+        );
+    }
+    if outcome.status != Status::True
+        && let Some(note) = server_side::explain(&next, options.port)
+    {
+        outcome.message = format!("{}; {note}", outcome.message);
+    }
+    *record = Some(next);
+    outcome
+}
+
+/// The Connection our gateway writes in the tenant namespace of the remote.
+async fn own_connection(ctx: &Consumer, local_ns: &str) -> Result<Option<Connection>, Error> {
+    api::<Connection>(&ctx.client, local_ns)
         .get_opt(objects::GATEWAY)
         .await
         .map_err(Error::kube(format!(
             "reading Connection {local_ns}/{}",
             objects::GATEWAY
-        )))?;
-    Ok(connection_outcome(remote, conn.as_ref()))
+        )))
 }
 
 /// A Configuration's `Ready=False` message, if its reconciler refused it.
@@ -277,6 +381,15 @@ fn client_spec(
     spec
 }
 
+/// Marks the provider-side gateway of an in-band peering (absent otherwise, so that an
+/// out-of-band peering's objects stay as they were).
+fn in_band(mut spec: serde_json::Value, on: bool) -> serde_json::Value {
+    if on {
+        spec["inBand"] = json!(true);
+    }
+    spec
+}
+
 fn object(
     kind: &str,
     labels_for: &ClusterId,
@@ -346,7 +459,7 @@ where
 
 /// The provider listens: its GatewayServer (through the tenant identity), our GatewayClient.
 async fn server_there(
-    ctx: &Ctx,
+    ctx: &Consumer,
     provider: &kube::Client,
     remote: &ClusterId,
     remote_ns: &str,
@@ -374,7 +487,7 @@ async fn server_there(
                 "GatewayServer",
                 own,
                 own,
-                server_spec(own, options, client_key.clone()),
+                in_band(server_spec(own, options, client_key.clone()), ctx.in_band),
             )),
         )
         .await
@@ -420,7 +533,7 @@ async fn server_there(
 
 /// The consumer listens: our GatewayServer, the provider's GatewayClient.
 async fn server_here(
-    ctx: &Ctx,
+    ctx: &Consumer,
     provider: &kube::Client,
     remote: &ClusterId,
     remote_ns: &str,
@@ -475,7 +588,10 @@ async fn server_here(
                 "GatewayClient",
                 own,
                 own,
-                client_spec(own, options, &dial(options, &endpoint), &server_key),
+                in_band(
+                    client_spec(own, options, &dial(options, &endpoint), &server_key),
+                    ctx.in_band,
+                ),
             )),
         )
         .await

@@ -3,6 +3,7 @@
 //! status what the other cluster needs: the public key, and where a server can be reached.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,16 +16,17 @@ use kube::api::{Api, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tether_api::conditions::{self, Status, Time, types};
-use tether_api::names::{TENANT_NAMESPACE_PREFIX, gateway_key, labels, objects};
+use tether_api::names::{TENANT_NAMESPACE_PREFIX, gateway_key, in_band, labels, objects};
 use tether_api::networking::{
     Endpoint, GatewayClient, GatewayClientStatus, GatewayServer, GatewayServerStatus,
     InternalEndpoint, ServiceType,
 };
 
 use super::configuration::NetCtx;
+use super::local;
 use super::render::{End, Gateway};
 use crate::Error;
-use crate::context::FIELD_MANAGER;
+use crate::context::{Ctx, FIELD_MANAGER};
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -83,7 +85,15 @@ async fn server(gw: &GatewayServer, nctx: &NetCtx) -> Result<Action, Error> {
     let owner = gw
         .controller_owner_ref(&())
         .expect("a stored object has a name and uid");
-    let obs = ensure(nctx, &ns, &gw.spec.remote_cluster_id, end, owner).await?;
+    let obs = ensure(
+        nctx,
+        &ns,
+        &gw.spec.remote_cluster_id,
+        end,
+        owner,
+        gw.spec.in_band,
+    )
+    .await?;
     let mut st: GatewayServerStatus = gw.status.clone().unwrap_or_default();
     st.public_key = Some(obs.public_key.clone());
     st.internal_endpoint = obs.internal.clone();
@@ -117,7 +127,15 @@ async fn client(gw: &GatewayClient, nctx: &NetCtx) -> Result<Action, Error> {
     let owner = gw
         .controller_owner_ref(&())
         .expect("a stored object has a name and uid");
-    let obs = ensure(nctx, &ns, &gw.spec.remote_cluster_id, End::Client, owner).await?;
+    let obs = ensure(
+        nctx,
+        &ns,
+        &gw.spec.remote_cluster_id,
+        End::Client,
+        owner,
+        gw.spec.in_band,
+    )
+    .await?;
     let mut st: GatewayClientStatus = gw.status.clone().unwrap_or_default();
     st.public_key = Some(obs.public_key.clone());
     st.internal_endpoint = obs.internal.clone();
@@ -185,15 +203,22 @@ async fn ensure(
     remote: &str,
     end: End,
     owner: OwnerReference,
+    in_band: bool,
 ) -> Result<Observed, Error> {
     let ctx = &nctx.ctx;
     let client = ctx.client.clone();
+    let publish = if in_band {
+        control_plane(ctx).await?
+    } else {
+        Vec::new()
+    };
     let g = Gateway {
         namespace: ns,
         remote,
         end: end.clone(),
         image: &ctx.settings.gateway_image,
         owner,
+        publish,
     };
     let public_key = ensure_key(&client, ns, remote).await?;
     let pp = PatchParams::apply(FIELD_MANAGER).force();
@@ -312,6 +337,58 @@ async fn ensure(
 
 /// Creates the key Secret once (never overwritten: the peer trusts its public key) and
 /// returns the public key.
+/// What an in-band gateway publishes, `(external, real)`: the API server (the
+/// `default/kubernetes` Service, whose ClusterIP every pod finds in `KUBERNETES_SERVICE_HOST`)
+/// and the authentication Service, under hosts [`in_band::API_SERVER_HOST`] and
+/// [`in_band::AUTH_HOST`] of the external CIDR.
+async fn control_plane(ctx: &Ctx) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>, Error> {
+    let external = match local::load(ctx).await? {
+        Ok(l) => l.external,
+        Err(message) => return Err(Error::Invalid(message)),
+    };
+    let Some(external) = external else {
+        return Err(Error::Invalid(format!(
+            "an in-band peering needs this cluster's external CIDR, and ConfigMap {} has no {}: \
+             run `tether install --external-cidr CIDR` again",
+            objects::NETWORK_CONFIGMAP,
+            tether_api::names::network::EXTERNAL_CIDR
+        )));
+    };
+    let api: Ipv4Addr = std::env::var(tether_runtime::client::IN_CLUSTER_ENV)
+        .ok()
+        .and_then(|h| h.parse().ok())
+        .ok_or_else(|| {
+            Error::Invalid(format!(
+                "an in-band peering publishes the API server's ClusterIP, which this controller \
+                 reads from {}: it is unset or not an IPv4 address (is the controller running \
+                 in a pod?)",
+                tether_runtime::client::IN_CLUSTER_ENV
+            ))
+        })?;
+    let name = &ctx.settings.auth_service;
+    let svc = Api::<Service>::namespaced(ctx.client.clone(), &ctx.settings.namespace)
+        .get(name)
+        .await
+        .map_err(Error::kube(format!("reading Service {name}")))?;
+    let auth: Ipv4Addr = svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .and_then(|ip| ip.parse().ok())
+        .ok_or_else(|| Error::Invalid(format!("Service {name} has no IPv4 ClusterIP")))?;
+    let host = |h| {
+        in_band::address(&external.to_string(), h).ok_or_else(|| {
+            Error::Invalid(format!(
+                "the external CIDR {external} is too small for the in-band addresses (hosts 1 \
+                 and 2)"
+            ))
+        })
+    };
+    Ok(vec![
+        (host(in_band::API_SERVER_HOST)?, api),
+        (host(in_band::AUTH_HOST)?, auth),
+    ])
+}
+
 async fn ensure_key(client: &kube::Client, ns: &str, remote: &str) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let what = format!("Secret {ns}/{}", objects::GATEWAY_KEY_SECRET);

@@ -22,6 +22,9 @@ pub struct LocalNetwork {
     pub service: Vec<Ipv4Net>,
     /// The external CIDR, if one is set.
     pub external: Option<Ipv4Net>,
+    /// Where colliding peer CIDRs are remapped (`tether install --remap-pool`); RFC 1918 when
+    /// absent.
+    pub remap_pool: Option<Ipv4Net>,
 }
 
 impl LocalNetwork {
@@ -56,10 +59,40 @@ impl LocalNetwork {
                 ));
             }
         };
+        let service = list(network::SERVICE_CIDRS)?;
+        let remap_pool = match list(network::REMAP_POOL)?.as_slice() {
+            [] => None,
+            [one] => Some(*one),
+            _ => {
+                return Err(format!(
+                    "ConfigMap {}: {} holds more than one CIDR; reinstall with `tether install \
+                     --remap-pool CIDR`",
+                    objects::NETWORK_CONFIGMAP,
+                    network::REMAP_POOL
+                ));
+            }
+        };
+        // `tether install` refuses this; a hand-edited ConfigMap would remap peers onto
+        // addresses of this cluster's own pods or Services.
+        if let Some(pool) = remap_pool
+            && let Some(own) = pod
+                .iter()
+                .chain(&service)
+                .chain(&external)
+                .find(|c| overlaps(**c, pool))
+        {
+            return Err(format!(
+                "ConfigMap {}: {} {pool} overlaps this cluster's CIDR {own}; reinstall with \
+                 `tether install --remap-pool CIDR` and a CIDR apart from it",
+                objects::NETWORK_CONFIGMAP,
+                network::REMAP_POOL
+            ));
+        }
         Ok(Self {
             pod,
-            service: list(network::SERVICE_CIDRS)?,
+            service,
             external,
+            remap_pool,
         })
     }
 
@@ -86,6 +119,10 @@ impl LocalNetwork {
     }
 }
 
+fn overlaps(a: Ipv4Net, b: Ipv4Net) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
 fn parse_cidr(key: &str, text: &str) -> Result<Ipv4Net, String> {
     let net: Ipv4Net = text.parse().map_err(|_| {
         format!(
@@ -106,7 +143,15 @@ fn parse_cidr(key: &str, text: &str) -> Result<Ipv4Net, String> {
 /// Reads this cluster's CIDRs. `Ok(Err(message))` when the ConfigMap is missing or wrong: a
 /// condition to show, not a reason to retry fast.
 pub async fn load(ctx: &Ctx) -> Result<Result<LocalNetwork, String>, Error> {
-    let cm = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ctx.settings.namespace)
+    load_in(&ctx.client, &ctx.settings.namespace).await
+}
+
+/// [`load`] with a client and Tether's namespace.
+pub async fn load_in(
+    client: &kube::Client,
+    namespace: &str,
+) -> Result<Result<LocalNetwork, String>, Error> {
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .get_opt(objects::NETWORK_CONFIGMAP)
         .await
         .map_err(Error::kube(format!(
@@ -117,7 +162,7 @@ pub async fn load(ctx: &Ctx) -> Result<Result<LocalNetwork, String>, Error> {
         None => Err(format!(
             "ConfigMap {}/{} is missing: this cluster's pod CIDR is unknown; run `tether install` \
              again (it detects the CIDR or takes --pod-cidr)",
-            ctx.settings.namespace,
+            namespace,
             objects::NETWORK_CONFIGMAP
         )),
         Some(cm) => LocalNetwork::from_data(&cm.data.unwrap_or_default()),
@@ -145,6 +190,13 @@ mod tests {
         assert_eq!(ok.pod.len(), 2);
         assert_eq!(ok.reserved().len(), 3);
         assert_eq!(ok.external, None);
+        assert_eq!(ok.remap_pool, None);
+        let pooled = LocalNetwork::from_data(&data(&[
+            ("podCIDRs", "10.244.0.0/16"),
+            ("remapPool", "10.200.0.0/14"),
+        ]))
+        .unwrap();
+        assert_eq!(pooled.remap_pool, Some("10.200.0.0/14".parse().unwrap()));
         let cases = [
             (vec![("serviceCIDRs", "10.96.0.0/12")], "podCIDRs is empty"),
             (vec![("podCIDRs", "10.244.0.0/33")], "not an IPv4 CIDR"),
@@ -158,6 +210,22 @@ mod tests {
                     ("externalCIDR", "10.70.0.0/16,10.71.0.0/16"),
                 ],
                 "more than one",
+            ),
+            (
+                vec![("podCIDRs", "10.244.0.0/16"), ("remapPool", "10.0.0.0/8")],
+                "remapPool 10.0.0.0/8 overlaps this cluster's CIDR 10.244.0.0/16",
+            ),
+            (
+                vec![
+                    ("podCIDRs", "10.244.0.0/16"),
+                    ("serviceCIDRs", "10.96.0.0/12"),
+                    ("remapPool", "10.100.0.0/16"),
+                ],
+                "overlaps this cluster's CIDR 10.96.0.0/12",
+            ),
+            (
+                vec![("podCIDRs", "10.244.0.0/16"), ("remapPool", "10.7.0.1/16")],
+                "did you mean 10.7.0.0/16",
             ),
         ];
         for (pairs, want) in cases {

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ipnet::Ipv4Net;
-use tether_ipam::{CidrKind, Ipam, IpamConfig, IpamState, Mapping};
+use tether_ipam::{CidrKind, Ipam, IpamConfig, IpamError, IpamState, Mapping};
 
 use super::local::LocalNetwork;
 
@@ -35,7 +35,14 @@ pub struct Views {
 /// ID order, persisted views first.
 pub fn plan(local: &LocalNetwork, requests: &[Request]) -> BTreeMap<String, Result<Views, String>> {
     let mut out = BTreeMap::new();
-    let mut ipam = match Ipam::new(IpamConfig::with_reserved(local.reserved())) {
+    let config = IpamConfig {
+        pools: match local.remap_pool {
+            Some(pool) => vec![pool],
+            None => IpamConfig::rfc1918_pools(),
+        },
+        reserved: local.reserved(),
+    };
+    let mut ipam = match Ipam::new(config) {
         Ok(i) => i,
         Err(e) => {
             for r in requests {
@@ -78,18 +85,23 @@ pub fn plan(local: &LocalNetwork, requests: &[Request]) -> BTreeMap<String, Resu
     }
     for (r, real_pod) in fresh {
         let mut attempt = ipam.clone();
-        let result = attempt
-            .map_peer_cidr(&r.peer, CidrKind::Pod, real_pod)
-            .and_then(|pod| {
-                let external = r
-                    .external
-                    .map(|e| attempt.map_peer_cidr(&r.peer, CidrKind::External, e))
-                    .transpose()?;
-                Ok(Views {
-                    pod: pod.local_view,
-                    external: external.map(|m| m.local_view),
+        let mut map = |kind, real| {
+            attempt
+                .map_peer_cidr(&r.peer, kind, real)
+                .map_err(|e| match e {
+                    IpamError::Exhausted { prefix_len, .. } => {
+                        exhausted(local.remap_pool, kind, real, prefix_len)
+                    }
+                    other => other.to_string(),
                 })
-            });
+        };
+        let result = map(CidrKind::Pod, real_pod).and_then(|pod| {
+            let external = r.external.map(|e| map(CidrKind::External, e)).transpose()?;
+            Ok(Views {
+                pod: pod.local_view,
+                external: external.map(|m| m.local_view),
+            })
+        });
         match result {
             Ok(views) => {
                 ipam = attempt;
@@ -101,6 +113,29 @@ pub fn plan(local: &LocalNetwork, requests: &[Request]) -> BTreeMap<String, Resu
         }
     }
     out
+}
+
+/// Why a colliding peer CIDR found no block, naming the pool and how to widen it.
+fn exhausted(pool: Option<Ipv4Net>, kind: CidrKind, real: Ipv4Net, prefix_len: u8) -> String {
+    let need = format!(
+        "the peer's {kind} CIDR {real} collides with this cluster's CIDRs or another peer's view, \
+         so it needs a free /{prefix_len} block"
+    );
+    match pool {
+        Some(pool) if pool.prefix_len() > prefix_len => format!(
+            "remap pool {pool} is exhausted: {need}, and the pool is smaller than that; widen it \
+             with `tether install --remap-pool CIDR` (a /{prefix_len} or larger)"
+        ),
+        Some(pool) => format!(
+            "remap pool {pool} is exhausted: {need}, and other peers hold every such block; \
+             widen it with `tether install --remap-pool CIDR` or unpeer a cluster"
+        ),
+        None => format!(
+            "the default remap pool (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16, minus this \
+             cluster's CIDRs) is exhausted: {need}, and none is left; set a separate pool with \
+             `tether install --remap-pool CIDR` or unpeer a cluster"
+        ),
+    }
 }
 
 /// The IPAM with `r`'s persisted views added, if they still fit: same real CIDRs, same sizes,
@@ -146,6 +181,7 @@ mod tests {
             pod: vec![net("10.244.0.0/16")],
             service: vec![net("10.96.0.0/12")],
             external: None,
+            remap_pool: None,
         }
     }
 
@@ -246,6 +282,45 @@ mod tests {
         assert_eq!(out["b"].as_ref().unwrap().pod, net("10.128.0.0/10"));
         let err = out["c"].as_ref().unwrap_err();
         assert!(err.contains("no local view available"), "{err}");
+    }
+
+    #[test]
+    fn a_configured_pool_is_the_only_source_and_its_exhaustion_says_how_to_widen_it() {
+        let pooled = |pool: &str| LocalNetwork {
+            remap_pool: Some(net(pool)),
+            ..local()
+        };
+        // Two /16 in a /15; the third colliding peer finds none; a peer that collides with
+        // nothing keeps its CIDR whatever the pool.
+        let requests = vec![
+            req("a", &["10.244.0.0/16"], None),
+            req("b", &["10.244.0.0/16"], None),
+            req("c", &["10.244.0.0/16"], None),
+            req("d", &["172.20.0.0/16"], None),
+        ];
+        let out = plan(&pooled("100.64.0.0/15"), &requests);
+        assert_eq!(out["a"].as_ref().unwrap().pod, net("100.64.0.0/16"));
+        assert_eq!(out["b"].as_ref().unwrap().pod, net("100.65.0.0/16"));
+        assert_eq!(out["d"].as_ref().unwrap().pod, net("172.20.0.0/16"));
+        let err = out["c"].as_ref().unwrap_err();
+        for want in [
+            "remap pool 100.64.0.0/15 is exhausted",
+            "pod CIDR 10.244.0.0/16",
+            "other peers hold every such block",
+            "--remap-pool",
+        ] {
+            assert!(err.contains(want), "{want:?} in {err}");
+        }
+        // A pool smaller than the peer's CIDR can never hold it.
+        let out = plan(&pooled("100.64.0.0/17"), &requests[..1]);
+        let err = out["a"].as_ref().unwrap_err();
+        for want in [
+            "remap pool 100.64.0.0/17 is exhausted",
+            "smaller than that",
+            "--remap-pool CIDR` (a /16 or larger)",
+        ] {
+            assert!(err.contains(want), "{want:?} in {err}");
+        }
     }
 
     proptest! {

@@ -44,6 +44,10 @@ pub struct Gateway<'a> {
     pub image: &'a str,
     /// The GatewayServer or GatewayClient, which owns the Deployment and Service.
     pub owner: OwnerReference,
+    /// Local addresses the gateway publishes to the peer under addresses of the external
+    /// CIDR, `(external, real)`: the control plane of an in-band peering. Each is one
+    /// `--publish EXTERNAL=REAL` argument, so `kubectl get deploy -o yaml` shows them.
+    pub publish: Vec<(std::net::Ipv4Addr, std::net::Ipv4Addr)>,
 }
 
 /// Port of the gateway's admin server (`/metrics`, `/healthz`, `/readyz`).
@@ -166,7 +170,13 @@ impl Gateway<'_> {
                     &format!("--metrics-addr=0.0.0.0:{ADMIN_PORT}"),
                 ]
                 .map(str::to_owned)
-                .to_vec(),
+                .into_iter()
+                .chain(
+                    self.publish
+                        .iter()
+                        .map(|(external, real)| format!("--publish={external}={real}")),
+                )
+                .collect(),
             ),
             env: Some(vec![
                 field("POD_NAME", "metadata.name"),
@@ -277,6 +287,7 @@ mod tests {
                 controller: Some(true),
                 block_owner_deletion: Some(true),
             },
+            publish: Vec::new(),
         }
     }
 
@@ -406,5 +417,33 @@ mod tests {
             .unwrap();
         assert!(args.contains(&"--gateway-client".to_owned()), "{args:?}");
         assert_eq!(g.node_binding_name(), "tether-gateway-nodes-c2");
+    }
+
+    #[test]
+    fn an_in_band_gateway_publishes_its_control_plane_in_its_arguments() {
+        let mut g = gateway(End::Client);
+        g.publish = vec![
+            ("10.70.0.1".parse().unwrap(), "10.96.0.1".parse().unwrap()),
+            ("10.70.0.2".parse().unwrap(), "10.96.0.20".parse().unwrap()),
+        ];
+        let args = g
+            .deployment()
+            .spec
+            .unwrap()
+            .template
+            .spec
+            .unwrap()
+            .containers[0]
+            .args
+            .clone()
+            .unwrap();
+        let publish: Vec<&String> = args.iter().filter(|a| a.starts_with("--publish")).collect();
+        assert_eq!(
+            publish,
+            [
+                "--publish=10.70.0.1=10.96.0.1",
+                "--publish=10.70.0.2=10.96.0.20"
+            ]
+        );
     }
 }
