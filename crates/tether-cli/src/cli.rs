@@ -104,6 +104,16 @@ pub struct InstallArgs {
     /// This cluster's Service CIDR [default: as for --pod-cidr]
     #[arg(long, value_name = "CIDR")]
     pub service_cidr: Option<String>,
+    /// Where peers' pod CIDRs that collide with this cluster's are remapped: one IPv4 CIDR
+    /// apart from this cluster's pod and Service CIDRs, holding a block as large as each
+    /// peer's pod CIDR [default: the stored one, else the RFC 1918 ranges]
+    #[arg(long, value_name = "CIDR")]
+    pub remap_pool: Option<String>,
+    /// This cluster's external CIDR: addresses under which its gateways publish local
+    /// non-pod addresses to peers (the API server and authentication service of an in-band
+    /// peering, at hosts 1 and 2) [default: the stored one, else 10.70.0.0/16]
+    #[arg(long, value_name = "CIDR")]
+    pub external_cidr: Option<String>,
     /// How long to wait for the controller.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     pub timeout: String,
@@ -159,8 +169,10 @@ pub struct PeerArgs {
         value_name = "LIST"
     )]
     pub modules: Vec<String>,
-    /// Which cluster runs the listening end of the tunnel.
-    #[arg(long, value_enum, default_value_t = GatewaySide::Provider, value_name = "SIDE")]
+    /// Which cluster runs the listening end of the tunnel. `auto` tries the provider first
+    /// and the consumer if the tunnel does not connect in time; --gateway-address or
+    /// --gateway-port fix the provider.
+    #[arg(long, value_enum, default_value_t = GatewaySide::Auto, value_name = "SIDE")]
     pub gateway_server: GatewaySide,
     /// How the gateway server's Service is exposed.
     #[arg(long, value_enum, default_value_t = GatewayServiceType::LoadBalancer, value_name = "TYPE")]
@@ -175,6 +187,11 @@ pub struct PeerArgs {
     /// Tunnel MTU [default: derived from the path]
     #[arg(long, value_name = "BYTES", value_parser = clap::value_parser!(u32).range(1280..=9000))]
     pub mtu: Option<u32>,
+    /// Reach the provider's API server and authentication service through the tunnel only
+    /// (for a provider whose control plane this cluster cannot reach): this command builds
+    /// the tunnel first, with admin access to both clusters (needs --remote-kubeconfig).
+    #[arg(long)]
+    pub in_band: bool,
     /// How long to wait for the peering.
     #[arg(long, default_value = "2m", value_name = "DURATION")]
     pub timeout: String,
@@ -183,6 +200,9 @@ pub struct PeerArgs {
 /// Which cluster listens for the tunnel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum GatewaySide {
+    /// Chosen from which side's gateway can be reached (the provider's first).
+    #[value(name = "auto")]
+    Auto,
     /// The provider listens; the consumer dials it.
     #[value(name = "provider")]
     Provider,

@@ -84,12 +84,79 @@ pub fn check_cidr(flag: &str, text: &str) -> Result<String> {
     Ok(net.to_string())
 }
 
+/// Checks `--remap-pool`: an IPv4 CIDR apart from this cluster's own pod and Service CIDRs
+/// (a remapped peer must never be addressed like a local pod or Service).
+pub fn check_remap_pool(text: &str, pod: &[String], service: &[String]) -> Result<String> {
+    let pool = check_cidr("remap-pool", text)?;
+    let net: ipnet::Ipv4Net = pool.parse().expect("invariant: just checked");
+    for (what, flag, cidr) in pod
+        .iter()
+        .map(|c| ("pod", "pod-cidr", c))
+        .chain(service.iter().map(|c| ("Service", "service-cidr", c)))
+    {
+        let Ok(own) = cidr.parse::<ipnet::Ipv4Net>() else {
+            continue;
+        };
+        if net.contains(&own.network()) || own.contains(&net.network()) {
+            return Err(Error::Usage(format!(
+                "--remap-pool {pool} overlaps this cluster's {what} CIDR {own} (--{flag}): \
+                 choose a CIDR apart from it"
+            )));
+        }
+    }
+    Ok(pool)
+}
+
+/// Checks `--external-cidr`: an IPv4 CIDR with room for the in-band hosts 1 and 2, apart
+/// from this cluster's pod and Service CIDRs and its remap pool (peers address it as ours).
+pub fn check_external_cidr(
+    text: &str,
+    pod: &[String],
+    service: &[String],
+    pool: Option<&str>,
+) -> Result<String> {
+    let external = check_cidr("external-cidr", text)?;
+    let net: ipnet::Ipv4Net = external.parse().expect("invariant: just checked");
+    if net.prefix_len() > 30 {
+        return Err(Error::Usage(format!(
+            "--external-cidr {external} is too small: it needs hosts 1 and 2 for the in-band \
+             control plane; use a /30 or larger, e.g. {}",
+            tether_api::names::in_band::DEFAULT_EXTERNAL_CIDR
+        )));
+    }
+    for (what, flag, cidr) in pod
+        .iter()
+        .map(|c| ("pod", "pod-cidr", c.as_str()))
+        .chain(
+            service
+                .iter()
+                .map(|c| ("Service", "service-cidr", c.as_str())),
+        )
+        .chain(pool.map(|p| ("remap pool", "remap-pool", p)))
+    {
+        let Ok(own) = cidr.parse::<ipnet::Ipv4Net>() else {
+            continue;
+        };
+        if net.contains(&own.network()) || own.contains(&net.network()) {
+            return Err(Error::Usage(format!(
+                "--external-cidr {external} overlaps this cluster's {what} {own} (--{flag}): \
+                 choose an unused range, e.g. {}",
+                tether_api::names::in_band::DEFAULT_EXTERNAL_CIDR
+            )));
+        }
+    }
+    Ok(external)
+}
+
 /// The cluster's CIDRs: the flags, else what an earlier install stored, else what kubeadm
-/// recorded. Fails, saying which flag to pass, when none of them knows.
+/// recorded. Fails, saying which flag to pass, when none of them knows. The remap pool is the
+/// flag, else the stored one, else none (the controller then uses RFC 1918).
 pub async fn resolve_network(
     client: &kube::Client,
     pod_flag: Option<String>,
     service_flag: Option<String>,
+    remap_flag: Option<String>,
+    external_flag: Option<String>,
 ) -> Result<(NetworkCidrs, NetworkSource)> {
     let stored = Api::<ConfigMap>::namespaced(client.clone(), SYSTEM_NAMESPACE)
         .get_opt(objects::NETWORK_CONFIGMAP)
@@ -111,8 +178,17 @@ pub async fn resolve_network(
                     })
                     .unwrap_or_default()
             };
-            (list(network::POD_CIDRS), list(network::SERVICE_CIDRS))
+            (
+                list(network::POD_CIDRS),
+                list(network::SERVICE_CIDRS),
+                list(network::REMAP_POOL).into_iter().next(),
+                list(network::EXTERNAL_CIDR).into_iter().next(),
+            )
         });
+    let stored_external = stored.as_ref().and_then(|(_, _, _, e)| e.clone());
+    let stored = stored.map(|(pod, service, pool, _)| (pod, service, pool));
+    let stored_pool = stored.as_ref().and_then(|(_, _, pool)| pool.clone());
+    let stored = stored.map(|(pod, service, _)| (pod, service));
     let kubeadm = match &stored {
         Some((pod, _)) if !pod.is_empty() => None,
         _ => kubeadm_networking(client).await?,
@@ -136,7 +212,27 @@ pub async fn resolve_network(
                 .to_owned(),
         ));
     }
-    Ok((NetworkCidrs { pod, service }, source))
+    // Checked against the CIDRs as resolved, which may be detected or stored rather than
+    // given; a stored pool is checked too, since the pod CIDR may have changed under it.
+    let remap_pool = remap_flag
+        .or(stored_pool)
+        .map(|p| check_remap_pool(&p, &pod, &service))
+        .transpose()?;
+    // Kept like the pod CIDR: changing it under running peerings would move their in-band
+    // addresses.
+    let external = external_flag
+        .or(stored_external)
+        .unwrap_or_else(|| tether_api::names::in_band::DEFAULT_EXTERNAL_CIDR.to_owned());
+    let external = check_external_cidr(&external, &pod, &service, remap_pool.as_deref())?;
+    Ok((
+        NetworkCidrs {
+            pod,
+            service,
+            remap_pool,
+            external: Some(external),
+        },
+        source,
+    ))
 }
 
 /// `networking.podSubnet` and `serviceSubnet` of kubeadm's ClusterConfiguration, if the

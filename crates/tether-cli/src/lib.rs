@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod cluster;
 pub mod error;
+pub mod in_band;
 pub mod install;
 pub mod manifests;
 pub mod peer;
@@ -192,16 +193,42 @@ fn install_options(args: &InstallArgs, cluster_id: ClusterId) -> Result<InstallO
         opts.identity_lifetime = Some(text::format_duration_one_unit(d));
     }
     if let Some(pod) = &args.pod_cidr {
+        let pod = vec![install::check_cidr("pod-cidr", pod)?];
+        let service: Vec<String> = args
+            .service_cidr
+            .iter()
+            .map(|s| install::check_cidr("service-cidr", s))
+            .collect::<Result<_>>()?;
+        let remap_pool = args
+            .remap_pool
+            .as_deref()
+            .map(|p| install::check_remap_pool(p, &pod, &service))
+            .transpose()?;
+        let external = install::check_external_cidr(
+            args.external_cidr
+                .as_deref()
+                .unwrap_or(tether_api::names::in_band::DEFAULT_EXTERNAL_CIDR),
+            &pod,
+            &service,
+            remap_pool.as_deref(),
+        )?;
         opts.network = Some(manifests::NetworkCidrs {
-            pod: vec![install::check_cidr("pod-cidr", pod)?],
-            service: args
-                .service_cidr
-                .iter()
-                .map(|s| install::check_cidr("service-cidr", s))
-                .collect::<Result<_>>()?,
+            pod,
+            service,
+            remap_pool,
+            external: Some(external),
         });
-    } else if let Some(s) = &args.service_cidr {
-        install::check_cidr("service-cidr", s)?;
+    } else {
+        if let Some(s) = &args.service_cidr {
+            install::check_cidr("service-cidr", s)?;
+        }
+        // The overlap check waits for the detected or stored CIDRs.
+        if let Some(p) = &args.remap_pool {
+            install::check_cidr("remap-pool", p)?;
+        }
+        if let Some(e) = &args.external_cidr {
+            install::check_cidr("external-cidr", e)?;
+        }
     }
     Ok(opts)
 }
@@ -250,6 +277,8 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
         opts.network
             .as_ref()
             .and_then(|n| n.service.first().cloned()),
+        args.remap_pool.clone(),
+        args.external_cidr.clone(),
     )
     .await?;
     let network_note = format!(
@@ -267,6 +296,10 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
                 "detected from kube-system/kubeadm-config; override with --pod-cidr",
         }
     );
+    let network_note = match &network.remap_pool {
+        Some(pool) => format!("{network_note}; peers remapped into {pool}"),
+        None => network_note,
+    };
     opts.network = Some(network);
     if args.dry_run {
         print_manifests(&opts, args.output);
@@ -375,12 +408,28 @@ async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
             ));
         }
     };
+    if args.in_band && args.remote_kubeconfig.is_none() {
+        return Err(Error::Usage(
+            "--in-band needs --remote-kubeconfig: before authentication nothing but the tunnel \
+             connects the clusters, so this command itself exchanges the tunnel's CIDRs, keys and \
+             endpoint, which takes admin access to both clusters"
+                .to_owned(),
+        ));
+    }
+    if args.in_band && !modules.networking.enabled {
+        return Err(Error::Usage(
+            "--in-band reaches the provider through the tunnel, which the networking module \
+             builds: keep `networking` in --modules"
+                .to_owned(),
+        ));
+    }
     let mut progress = Progress::new();
     let outcome = peer::peer(
         local,
         &provider,
         &modules,
         &networking,
+        args.in_band,
         timeout,
         &mut progress,
     )

@@ -102,6 +102,10 @@ pub struct NetworkCidrs {
     pub pod: Vec<String>,
     /// Service CIDRs.
     pub service: Vec<String>,
+    /// The remap pool (`--remap-pool`); the controller uses RFC 1918 when absent.
+    pub remap_pool: Option<String>,
+    /// The external CIDR (`--external-cidr`).
+    pub external: Option<String>,
 }
 
 impl InstallOptions {
@@ -287,10 +291,26 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
     if let Some(n) = &opts.network {
         out.push(Manifest::ConfigMap(ConfigMap {
             metadata: meta(objects::NETWORK_CONFIGMAP, Some(SYSTEM_NAMESPACE)),
-            data: Some(BTreeMap::from([
-                (network::POD_CIDRS.to_owned(), n.pod.join(",")),
-                (network::SERVICE_CIDRS.to_owned(), n.service.join(",")),
-            ])),
+            data: Some(
+                [
+                    (network::POD_CIDRS.to_owned(), n.pod.join(",")),
+                    (network::SERVICE_CIDRS.to_owned(), n.service.join(",")),
+                ]
+                .into_iter()
+                // Absent rather than empty, so the ConfigMap of an install without the flag
+                // stays as it always was.
+                .chain(
+                    n.remap_pool
+                        .iter()
+                        .map(|p| (network::REMAP_POOL.to_owned(), p.clone())),
+                )
+                .chain(
+                    n.external
+                        .iter()
+                        .map(|e| (network::EXTERNAL_CIDR.to_owned(), e.clone())),
+                )
+                .collect(),
+            ),
             ..Default::default()
         }));
     }

@@ -17,8 +17,8 @@ use tether_api::ClusterId;
 use tether_api::authentication::Tenant;
 use tether_api::conditions::{self, types};
 use tether_api::core::{
-    ForeignCluster, ForeignClusterSpec, GatewayServerSide, LocalObjectRef, ModuleSpec, Modules,
-    NetworkingOptions, Phase, ProviderAccess,
+    ForeignCluster, ForeignClusterSpec, GatewayServerChoice, GatewayServerSide, LocalObjectRef,
+    ModuleSpec, Modules, NetworkingOptions, Phase, ProviderAccess,
 };
 use tether_api::names::{self, SYSTEM_NAMESPACE, labels, objects};
 use tether_api::networking::ServiceType;
@@ -96,8 +96,19 @@ pub fn networking_options(args: &crate::cli::PeerArgs) -> Result<NetworkingOptio
             "--gateway-address {a:?} is not an address or host name"
         )));
     }
+    if args.gateway_server == crate::cli::GatewaySide::Consumer
+        && (args.gateway_address.is_some() || args.gateway_port.is_some())
+    {
+        return Err(Error::Usage(
+            "--gateway-address and --gateway-port say how to dial the provider's gateway server, \
+             but --gateway-server consumer makes the consumer listen: drop them, or use \
+             --gateway-server provider (or auto)"
+                .to_owned(),
+        ));
+    }
     Ok(NetworkingOptions {
         gateway_server: match args.gateway_server {
+            crate::cli::GatewaySide::Auto => GatewayServerSide::Auto,
             crate::cli::GatewaySide::Provider => GatewayServerSide::Provider,
             crate::cli::GatewaySide::Consumer => GatewayServerSide::Consumer,
         },
@@ -186,6 +197,7 @@ pub fn foreign_cluster(
                 token_secret_ref: Some(LocalObjectRef {
                     name: peering::consumer_token_secret_name(token),
                 }),
+                in_band: false,
             }),
             modules: Modules {
                 authentication: ModuleSpec::on(),
@@ -246,6 +258,45 @@ pub fn fc_summary(fc: &ForeignCluster) -> Vec<String> {
         out.push(line);
     }
     out
+}
+
+/// Which cluster runs the gateway server and why, from `status.networking`, once the
+/// consumer's controller has chosen.
+pub fn gateway_server_line(fc: &ForeignCluster) -> Option<String> {
+    let n = fc.status.as_ref()?.networking.as_ref()?;
+    let side = match n.gateway_server? {
+        GatewayServerSide::Provider => "provider",
+        GatewayServerSide::Consumer => "consumer",
+        GatewayServerSide::Auto => return None,
+    };
+    let why = match (
+        n.gateway_server_choice?,
+        n.gateway_server,
+        n.switches,
+        n.connected,
+    ) {
+        (GatewayServerChoice::Requested, ..) => "as requested".to_owned(),
+        (GatewayServerChoice::AddressGiven, ..) => {
+            "--gateway-address/--gateway-port say how to dial it".to_owned()
+        }
+        (GatewayServerChoice::Automatic, _, 0, true) => {
+            "chosen automatically: the provider's gateway was reachable".to_owned()
+        }
+        (GatewayServerChoice::Automatic, _, 0, false) => {
+            "chosen automatically: trying the provider's gateway first".to_owned()
+        }
+        (GatewayServerChoice::Automatic, Some(GatewayServerSide::Consumer), 1, _) => {
+            "chosen automatically: the provider's gateway was not reachable".to_owned()
+        }
+        (GatewayServerChoice::Automatic, _, n, true) => {
+            format!("chosen automatically after {n} switches of side")
+        }
+        (GatewayServerChoice::Automatic, _, n, false) => format!(
+            "chosen automatically: neither side's gateway was reachable yet ({n} switches); \
+             trying the {side}'s"
+        ),
+    };
+    Some(format!("gateway server: {side} ({why})"))
 }
 
 /// Whether a ForeignCluster's peering failed for good, and why.
@@ -323,6 +374,7 @@ pub async fn peer(
     provider: &Provider,
     modules: &Modules,
     networking: &NetworkingOptions,
+    in_band: bool,
     timeout: Duration,
     progress: &mut Progress,
 ) -> Result<PeerOutcome> {
@@ -445,21 +497,73 @@ pub async fn peer(
     }
 
     let mut cleanup = Cleanup::default();
-    let result = write_and_wait(
-        &consumer,
-        remote.as_ref().map(|(c, _)| c),
-        provider,
-        &consumer_id,
-        &provider_id,
-        &auth_url,
-        &fingerprint,
-        (modules, networking),
-        existing.is_none(),
-        deadline,
-        &mut cleanup,
-        progress,
-    )
-    .await;
+    let mut created = crate::in_band::Created::default();
+    // In-band: the tunnel first (carried by this process), then authentication through it.
+    let tunnel = match (&remote, in_band) {
+        (Some((conn, _)), true) => Some(
+            crate::in_band::build_tunnel(
+                &consumer,
+                conn,
+                &consumer_id,
+                &provider_id,
+                networking,
+                deadline,
+                &mut created,
+                progress,
+            )
+            .await,
+        ),
+        _ => None,
+    };
+    let result = match &tunnel {
+        Some(Err(_)) => Ok(()),
+        Some(Ok(t)) => {
+            write_and_wait(
+                &consumer,
+                remote.as_ref().map(|(c, _)| c),
+                provider,
+                &consumer_id,
+                &provider_id,
+                &t.auth_url,
+                &fingerprint,
+                (modules, &t.networking, true),
+                existing.is_none(),
+                deadline,
+                &mut cleanup,
+                progress,
+            )
+            .await
+        }
+        None => {
+            write_and_wait(
+                &consumer,
+                remote.as_ref().map(|(c, _)| c),
+                provider,
+                &consumer_id,
+                &provider_id,
+                &auth_url,
+                &fingerprint,
+                (modules, networking, false),
+                existing.is_none(),
+                deadline,
+                &mut cleanup,
+                progress,
+            )
+            .await
+        }
+    };
+    let result = match tunnel {
+        Some(Err(e)) => Err(e),
+        _ => result,
+    };
+    if result.is_err()
+        && let Some((conn, _)) = &remote
+    {
+        let removed = created.undo(&consumer, conn).await;
+        if !removed.is_empty() {
+            progress.note(format!("removed {}", removed.join(", ")));
+        }
+    }
     if let Some((conn, _)) = &remote
         && let Some(id) = &cleanup.provider_token
     {
@@ -556,7 +660,7 @@ async fn write_and_wait(
     provider_id: &ClusterId,
     auth_url: &str,
     fingerprint: &str,
-    (modules, networking): (&Modules, &NetworkingOptions),
+    (modules, networking, in_band): (&Modules, &NetworkingOptions, bool),
     fc_is_new: bool,
     deadline: Instant,
     cleanup: &mut Cleanup,
@@ -596,6 +700,9 @@ async fn write_and_wait(
             "writing Secret {SYSTEM_NAMESPACE}/{secret_name}"
         )))?;
     let mut fc = foreign_cluster(provider_id, auth_url, fingerprint, &token);
+    if let Some(access) = fc.spec.provider.as_mut() {
+        access.in_band = in_band;
+    }
     fc.spec.modules = modules.clone();
     fc.spec.networking = networking.clone();
     let fcs: Api<ForeignCluster> = Api::all(consumer.client.clone());
@@ -618,6 +725,7 @@ async fn write_and_wait(
     ));
     let mut last: Vec<String> = Vec::new();
     let mut tunnel_phase = false;
+    let mut last_side: Option<String> = None;
     // Every change of the ForeignCluster wakes the loop at once; the poll is only a fallback.
     let mut changes = kube::runtime::watcher(
         fcs.clone(),
@@ -650,16 +758,25 @@ async fn write_and_wait(
             }
             tunnel_phase = true;
             progress.phase(format!(
-                "building the tunnel to {provider_id} (gateway server on the {})",
+                "building the tunnel to {provider_id} (gateway server {})",
                 match networking.gateway_server {
-                    GatewayServerSide::Provider => "provider",
-                    GatewayServerSide::Consumer => "consumer",
+                    GatewayServerSide::Auto => "chosen automatically",
+                    GatewayServerSide::Provider => "on the provider",
+                    GatewayServerSide::Consumer => "on the consumer",
                 }
             ));
         }
+        let side = gateway_server_line(&fc);
         if tunnel_phase && connected(&fc) {
-            progress.done(format!("tunnel to {provider_id} up"));
+            progress.done(match side {
+                Some(side) => format!("tunnel to {provider_id} up; {side}"),
+                None => format!("tunnel to {provider_id} up"),
+            });
             return Ok(());
+        }
+        if tunnel_phase && side.is_some() && side != last_side {
+            progress.note(side.as_deref().unwrap_or_default());
+            last_side = side;
         }
         if let Some(why) = failure(&fc) {
             progress.failed("peering failed");
@@ -948,5 +1065,54 @@ mod tests {
         assert!(!connected(&fc(3, Some(2), "True")));
         assert!(!connected(&fc(2, Some(2), "False")));
         assert!(!authenticated(&fc(2, Some(2), "True")));
+    }
+
+    /// One line per recorded state: what the progress output says about the gateway server.
+    #[test]
+    fn the_gateway_server_line_names_the_side_and_why() {
+        use tether_api::core::{GatewayServerChoice as C, GatewayServerSide as S};
+        let cases = [
+            (None, None, 0, false),
+            (Some(S::Provider), Some(C::Requested), 0, false),
+            (Some(S::Consumer), Some(C::Requested), 0, true),
+            (Some(S::Provider), Some(C::AddressGiven), 0, true),
+            (Some(S::Provider), Some(C::Automatic), 0, false),
+            (Some(S::Provider), Some(C::Automatic), 0, true),
+            (Some(S::Consumer), Some(C::Automatic), 1, false),
+            (Some(S::Consumer), Some(C::Automatic), 1, true),
+            (Some(S::Provider), Some(C::Automatic), 2, false),
+            (Some(S::Provider), Some(C::Automatic), 2, true),
+            (Some(S::Auto), Some(C::Automatic), 0, false),
+        ];
+        let mut out = Vec::new();
+        for (side, choice, switches, connected) in cases {
+            let mut f = fc(1, Some(1), "False");
+            if let Some(st) = f.status.as_mut() {
+                st.networking = Some(tether_api::core::NetworkingStatus {
+                    gateway_server: side,
+                    gateway_server_choice: choice,
+                    switches,
+                    connected,
+                    ..Default::default()
+                });
+            }
+            out.push(gateway_server_line(&f).unwrap_or_else(|| "-".to_owned()));
+        }
+        assert_eq!(
+            out,
+            [
+                "-",
+                "gateway server: provider (as requested)",
+                "gateway server: consumer (as requested)",
+                "gateway server: provider (--gateway-address/--gateway-port say how to dial it)",
+                "gateway server: provider (chosen automatically: trying the provider's gateway first)",
+                "gateway server: provider (chosen automatically: the provider's gateway was reachable)",
+                "gateway server: consumer (chosen automatically: the provider's gateway was not reachable)",
+                "gateway server: consumer (chosen automatically: the provider's gateway was not reachable)",
+                "gateway server: provider (chosen automatically: neither side's gateway was reachable yet (2 switches); trying the provider's)",
+                "gateway server: provider (chosen automatically after 2 switches of side)",
+                "-",
+            ]
+        );
     }
 }

@@ -71,6 +71,10 @@ pub struct PeerStatus {
     pub offloading: String,
     /// The APIServerReachable condition's status.
     pub api_server: String,
+    /// Whether the provider's API server is reached through the tunnel (`tether peer
+    /// --in-band`); the table shows it beside the API server's status.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_band: bool,
     /// When the ForeignCluster was created (RFC 3339).
     pub created: Option<String>,
     /// Age at the time of the report.
@@ -195,6 +199,7 @@ pub fn peer_status(fc: &ForeignCluster, net: &PeerNetwork, now: Timestamp) -> Pe
         networking: cond(types::NETWORKING),
         offloading: cond(types::OFFLOADING),
         api_server: cond(types::API_SERVER_REACHABLE),
+        in_band: fc.spec.provider.as_ref().is_some_and(|p| p.in_band),
         created: created.map(rfc3339),
         age: created.map_or_else(|| "<unknown>".to_owned(), |c| text::age(since(c, now))),
         tunnel: net.connection.as_ref().map(tunnel_view),
@@ -276,7 +281,11 @@ pub fn render_table(r: &StatusReport) -> String {
                 p.authentication.clone(),
                 p.networking.clone(),
                 p.offloading.clone(),
-                p.api_server.clone(),
+                if p.in_band {
+                    format!("{} (in-band)", p.api_server)
+                } else {
+                    p.api_server.clone()
+                },
                 p.tunnel
                     .as_ref()
                     .map_or_else(|| "-".to_owned(), |t| t.state.clone()),

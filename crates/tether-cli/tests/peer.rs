@@ -258,7 +258,7 @@ async fn peering_with_two_kubeconfigs_writes_the_contract_and_a_rerun_changes_no
                 "networking": {"enabled": false},
                 "offloading": {"enabled": false},
             },
-            "networking": {"gatewayServer": "Provider", "serviceType": "LoadBalancer", "port": 51840},
+            "networking": {"gatewayServer": "Auto", "serviceType": "LoadBalancer", "port": 51840},
         })
     );
     let secret = Api::<Secret>::namespaced(consumer.client(), SYSTEM_NAMESPACE)
