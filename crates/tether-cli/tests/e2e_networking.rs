@@ -116,7 +116,26 @@ fn peered_clusters_with_the_same_pod_cidr_reach_each_others_pods_from_every_node
         );
     }
 
-    // Unpeer: no Tether object, gateway, route or link left on either side.
+    // While peered, the kernel checks below do see Tether's state: they look in the right
+    // places.
+    let gateways = gateway_pods(&[&a, &b]);
+    assert_eq!(
+        gateways.len(),
+        2,
+        "one gateway pod per cluster: {gateways:?}"
+    );
+    assert!(
+        !gateway_pids(&gateways).is_empty(),
+        "no gateway process of {gateways:?}"
+    );
+    let links = ip_netns(&format!("sk.{}.n1", a.name), &["ip", "-o", "link", "show"]);
+    assert!(
+        links.contains(": tether-fabric"),
+        "no fabric device:\n{links}"
+    );
+
+    // Unpeer: no Tether object, gateway, route, rule, table, link or process left on either
+    // side.
     a.tether(&["unpeer", "--remote-kubeconfig", b.kubeconfig()])
         .ok();
     for sim in [&a, &b] {
@@ -148,6 +167,87 @@ fn peered_clusters_with_the_same_pod_cidr_reach_each_others_pods_from_every_node
                 routes = String::from_utf8_lossy(&out.stdout).into_owned();
                 !routes.contains("tether-fabric") && !routes.contains("unreachable")
             });
+            assert_no_tether_kernel_state(sim, &ns);
         }
     }
+    a.wait("gateway processes gone", Duration::from_secs(30), || {
+        gateway_pids(&gateways).is_empty()
+    });
+}
+
+fn ip_netns(ns: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", ns])
+        .args(args)
+        .output()
+        .expect("ip netns exec runs");
+    assert!(
+        out.status.success(),
+        "{args:?} in {ns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// No policy rule at the gateway's priorities (tether-netplan's 7700 and the local-table copy
+/// at 7701), no nftables table of the gateway or the fabric, no fabric or tunnel device.
+fn assert_no_tether_kernel_state(sim: &e2e::Sim, ns: &str) {
+    let rules = ip_netns(ns, &["ip", "rule", "show"]);
+    assert!(
+        !rules
+            .lines()
+            .any(|l| l.starts_with("7700:") || l.starts_with("7701:")),
+        "tether policy rules left in {ns} of {}:\n{rules}",
+        sim.name
+    );
+    let tables = ip_netns(ns, &["nft", "list", "tables"]);
+    assert!(
+        !tables
+            .lines()
+            .any(|l| l.trim() == "table ip tether" || l.trim() == "table ip tether-fabric"),
+        "tether nftables tables left in {ns} of {}:\n{tables}",
+        sim.name
+    );
+    let links = ip_netns(ns, &["ip", "-o", "link", "show"]);
+    assert!(
+        !links
+            .lines()
+            .any(|l| l.contains(": tether-fabric") || l.contains(": tth-")),
+        "tether links left in {ns} of {}:\n{links}",
+        sim.name
+    );
+}
+
+/// The names of the gateway pods of both clusters.
+fn gateway_pods(sims: &[&e2e::Sim]) -> Vec<String> {
+    sims.iter()
+        .flat_map(|sim| sim.names(&["pods", "-A", "-l", "tether.dev/component=gateway"]))
+        .map(|p| p.trim_start_matches("pod/").to_owned())
+        .collect()
+}
+
+/// `tetherd gateway` processes of the pods named, found as `Sim::controller_pids` finds
+/// controllers (pods are processes here, with `POD_NAME` in their environment); also after
+/// their pods are gone.
+fn gateway_pids(pods: &[String]) -> Vec<u32> {
+    let wanted: Vec<String> = pods.iter().map(|p| format!("POD_NAME={p}")).collect();
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_gateway = args.first().is_some_and(|a| a.ends_with(b"tetherd"))
+            && args.get(1).is_some_and(|a| *a == b"gateway");
+        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        if is_gateway
+            && environ
+                .split(|b| *b == 0)
+                .any(|v| wanted.iter().any(|w| v == w.as_bytes()))
+        {
+            pids.push(pid);
+        }
+    }
+    pids
 }
