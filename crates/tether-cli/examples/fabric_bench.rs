@@ -16,7 +16,7 @@ use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Bench, Cluster, Result, arg, kubectl, path, wait_for};
+use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2};
 
 fn main() -> std::process::ExitCode {
     common::exit("fabric_bench", run())
@@ -42,8 +42,8 @@ fn run() -> Result {
     bench.tether(&b, &["install", "--cluster-id", "bench-b"])?;
     bench.tether(&a, &["peer", "--remote-kubeconfig", path(&b)])?;
 
-    let (netns_a, _) = sleeper(&a, "bench-client")?;
-    let (netns_b, ip_b) = sleeper(&b, "bench-server")?;
+    let (netns_a, _) = pod_on_node_2(&a, "bench-client", "simkube.dev/sleeper")?;
+    let (netns_b, ip_b) = pod_on_node_2(&b, "bench-server", "simkube.dev/sleeper")?;
     let view: ipnet::Ipv4Net = kubectl(
         &a,
         &[
@@ -133,41 +133,6 @@ fn cluster_index(c: &Cluster) -> Result<u8> {
         .parse()
         .map_err(|e| format!("node 2 of {} has no InternalIP ({ip:?}): {e}", c.0))?;
     Ok(ip.octets()[2])
-}
-
-/// Starts a sleeper pod on node 2 of `c`; returns its sandbox namespace and pod IP.
-fn sleeper(c: &Cluster, name: &str) -> Result<(String, Ipv4Addr)> {
-    let manifest = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
-         nodeName: {}-node-2\n  containers:\n  - name: sleeper\n    image: simkube.dev/sleeper\n",
-        c.0
-    );
-    common::apply(c, &manifest)?;
-    let ip = wait_for(
-        &format!("pod {name} running"),
-        Duration::from_secs(60),
-        || {
-            let out = kubectl(
-                c,
-                &[
-                    "get",
-                    "pod",
-                    name,
-                    "-o",
-                    "jsonpath={.status.phase} {.status.podIP}",
-                ],
-            )
-            .ok()?;
-            let (phase, ip) = out.split_once(' ')?;
-            (phase == "Running").then(|| ip.parse::<Ipv4Addr>().ok())?
-        },
-    )?;
-    let uid = kubectl(c, &["get", "pod", name, "-o", "jsonpath={.metadata.uid}"])?;
-    let netns = simkube_cluster::net::netns_with_prefix(&format!("sk.{}.n2.", c.0))
-        .into_iter()
-        .find(|ns| ns.ends_with(&uid))
-        .ok_or_else(|| format!("no sandbox namespace for pod {name} ({uid})"))?;
-    Ok((netns, ip))
 }
 
 /// One iperf3 run from `client_ns` to a server in `server_ns` at `target`: Gbit/s received

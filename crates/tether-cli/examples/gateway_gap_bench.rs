@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Bench, Cluster, Result, arg, kubectl, path, wait_for};
+use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2};
 
 const GATEWAY: &str = "tether.dev/component=gateway";
 const PROBE_EVERY: Duration = Duration::from_millis(20);
@@ -55,8 +55,8 @@ fn run() -> Result {
     bench.tether(&b, &["install", "--cluster-id", "bench-b"])?;
     bench.tether(&a, &["peer", "--remote-kubeconfig", path(&b)])?;
 
-    let (netns, _) = echo(&a, "echo-a")?;
-    let (_, ip_b) = echo(&b, "echo-b")?;
+    let (netns, _) = pod_on_node_2(&a, "echo-a", "simkube.dev/echo")?;
+    let (_, ip_b) = pod_on_node_2(&b, "echo-b", "simkube.dev/echo")?;
     let view: ipnet::Ipv4Net = kubectl(
         &a,
         &[
@@ -268,41 +268,6 @@ fn new_pod_ready(cluster: &Cluster, ns: &str, old: &str, stop: &AtomicBool) -> R
         "no new gateway pod Ready on {} within {LIMIT:?}",
         cluster.0
     ))
-}
-
-/// Starts an echo pod on node 2 of `c`; returns its sandbox namespace and pod IP.
-fn echo(c: &Cluster, name: &str) -> Result<(String, Ipv4Addr)> {
-    let manifest = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
-         nodeName: {}-node-2\n  containers:\n  - name: echo\n    image: simkube.dev/echo\n",
-        c.0
-    );
-    common::apply(c, &manifest)?;
-    let ip = wait_for(
-        &format!("pod {name} running"),
-        Duration::from_secs(60),
-        || {
-            let out = kubectl(
-                c,
-                &[
-                    "get",
-                    "pod",
-                    name,
-                    "-o",
-                    "jsonpath={.status.phase} {.status.podIP}",
-                ],
-            )
-            .ok()?;
-            let (phase, ip) = out.split_once(' ')?;
-            (phase == "Running").then(|| ip.parse::<Ipv4Addr>().ok())?
-        },
-    )?;
-    let uid = kubectl(c, &["get", "pod", name, "-o", "jsonpath={.metadata.uid}"])?;
-    let netns = simkube_cluster::net::netns_with_prefix(&format!("sk.{}.n2.", c.0))
-        .into_iter()
-        .find(|ns| ns.ends_with(&uid))
-        .ok_or_else(|| format!("no sandbox namespace for pod {name} ({uid})"))?;
-    Ok((netns, ip))
 }
 
 /// One TCP exchange from inside `netns` (on a thread that enters it): the echo's answer.

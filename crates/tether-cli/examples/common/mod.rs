@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each benchmark uses its own part
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -205,4 +206,40 @@ pub(crate) fn exit(name: &str, result: Result) -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// Starts a pod of `image` (one container, `main`) on node 2 of `c`; returns its sandbox
+/// network namespace and its pod IP.
+pub(crate) fn pod_on_node_2(c: &Cluster, name: &str, image: &str) -> Result<(String, Ipv4Addr)> {
+    let manifest = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  \
+         nodeName: {}-node-2\n  containers:\n  - name: main\n    image: {image}\n",
+        c.0
+    );
+    apply(c, &manifest)?;
+    let ip = wait_for(
+        &format!("pod {name} running"),
+        Duration::from_secs(60),
+        || {
+            let out = kubectl(
+                c,
+                &[
+                    "get",
+                    "pod",
+                    name,
+                    "-o",
+                    "jsonpath={.status.phase} {.status.podIP}",
+                ],
+            )
+            .ok()?;
+            let (phase, ip) = out.split_once(' ')?;
+            (phase == "Running").then(|| ip.parse::<Ipv4Addr>().ok())?
+        },
+    )?;
+    let uid = kubectl(c, &["get", "pod", name, "-o", "jsonpath={.metadata.uid}"])?;
+    let netns = simkube_cluster::net::netns_with_prefix(&format!("sk.{}.n2.", c.0))
+        .into_iter()
+        .find(|ns| ns.ends_with(&uid))
+        .ok_or_else(|| format!("no sandbox namespace for pod {name} ({uid})"))?;
+    Ok((netns, ip))
 }
