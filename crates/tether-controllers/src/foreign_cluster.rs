@@ -127,6 +127,18 @@ impl FcCtx {
     }
 }
 
+/// How soon to look again at a peering whose tunnel is not up yet. A new tunnel connects a
+/// few seconds after its gateways start, and `tether peer` waits for it, so a young peering is
+/// re-read every half second (measured: re-reading every 2 s put peer times on 2 s steps,
+/// p50 4.4 s); one that has been connecting for a while only every 2 s. `age_secs` is the
+/// ForeignCluster's age, if known.
+fn connecting_requeue(age_secs: Option<i64>) -> Duration {
+    match age_secs {
+        Some(age) if age < 30 => Duration::from_millis(500),
+        _ => Duration::from_secs(2),
+    }
+}
+
 fn unix_now() -> i64 {
     k8s_openapi::jiff::Timestamp::now().as_second()
 }
@@ -413,7 +425,12 @@ async fn finish(
             // A peering is established when every module it uses is.
             if n.status != Status::True && outcome.phase == Phase::Established {
                 outcome.phase = Phase::Connecting;
-                outcome.requeue = outcome.requeue.min(Duration::from_secs(2));
+                let age = fc
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| unix_now().saturating_sub(t.0.as_second()));
+                outcome.requeue = outcome.requeue.min(connecting_requeue(age));
             }
         }
         None => {
@@ -1102,5 +1119,30 @@ async fn first_identity(
             Ok(Ok((s, v)))
         }
         Err(e) => Ok(Err(AuthOutcome::failed(&e))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_young_peering_is_reread_often_and_an_old_or_unknown_one_less() {
+        let cases = [
+            (Some(0), 500),
+            (Some(29), 500),
+            (Some(30), 2000),
+            (Some(3600), 2000),
+            (None, 2000),
+            // A creation time in the future (clock skew) counts as young.
+            (Some(-5), 500),
+        ];
+        for (age, ms) in cases {
+            assert_eq!(
+                connecting_requeue(age),
+                Duration::from_millis(ms),
+                "age {age:?}"
+            );
+        }
     }
 }
