@@ -16,7 +16,7 @@ use std::net::Ipv4Addr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2};
+use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2, seen_from_a};
 
 fn main() -> std::process::ExitCode {
     common::exit("fabric_bench", run())
@@ -44,22 +44,7 @@ fn run() -> Result {
 
     let (netns_a, _) = pod_on_node_2(&a, "bench-client", "simkube.dev/sleeper")?;
     let (netns_b, ip_b) = pod_on_node_2(&b, "bench-server", "simkube.dev/sleeper")?;
-    let view: ipnet::Ipv4Net = kubectl(
-        &a,
-        &[
-            "get",
-            "configurations.networking.tether.dev",
-            "-n",
-            "tether-tenant-bench-b",
-            "bench-b",
-            "-o",
-            "jsonpath={.status.remote.cidr.pod[0]}",
-        ],
-    )?
-    .parse()
-    .map_err(|e| format!("the remap of bench-b's pod CIDR: {e}"))?;
-    let host = u32::from(ip_b) & !u32::from(view.netmask());
-    let remote = Ipv4Addr::from(u32::from(view.network()) | host);
+    let (view, remote) = seen_from_a(&a, ip_b)?;
     let tunnel_mtu = kubectl(
         &a,
         &[

@@ -14,12 +14,12 @@
 mod common;
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2};
+use common::{Bench, Cluster, Result, arg, kubectl, path, pod_on_node_2, seen_from_a};
 
 const GATEWAY: &str = "tether.dev/component=gateway";
 const PROBE_EVERY: Duration = Duration::from_millis(20);
@@ -57,22 +57,8 @@ fn run() -> Result {
 
     let (netns, _) = pod_on_node_2(&a, "echo-a", "simkube.dev/echo")?;
     let (_, ip_b) = pod_on_node_2(&b, "echo-b", "simkube.dev/echo")?;
-    let view: ipnet::Ipv4Net = kubectl(
-        &a,
-        &[
-            "get",
-            "configurations.networking.tether.dev",
-            "-n",
-            "tether-tenant-bench-b",
-            "bench-b",
-            "-o",
-            "jsonpath={.status.remote.cidr.pod[0]}",
-        ],
-    )?
-    .parse()
-    .map_err(|e| format!("the remap of bench-b's pod CIDR: {e}"))?;
-    let host = u32::from(ip_b) & !u32::from(view.netmask());
-    let target = SocketAddr::from((Ipv4Addr::from(u32::from(view.network()) | host), 7000));
+    let (view, remote) = seen_from_a(&a, ip_b)?;
+    let target = SocketAddr::from((remote, 7000));
     let probe = || exchange(&netns, target).is_ok_and(|a| a.starts_with("pod=echo-b "));
 
     let server_on_a = !kubectl(

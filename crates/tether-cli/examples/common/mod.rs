@@ -243,3 +243,24 @@ pub(crate) fn pod_on_node_2(c: &Cluster, name: &str, image: &str) -> Result<(Str
         .ok_or_else(|| format!("no sandbox namespace for pod {name} ({uid})"))?;
     Ok((netns, ip))
 }
+
+/// How cluster `a` (ID `bench-a`) addresses pod `ip_b` of its peer `bench-b`: the remap `a`
+/// chose for bench-b's pod CIDR, and the address of the pod in it.
+pub(crate) fn seen_from_a(a: &Cluster, ip_b: Ipv4Addr) -> Result<(ipnet::Ipv4Net, Ipv4Addr)> {
+    let view: ipnet::Ipv4Net = kubectl(
+        a,
+        &[
+            "get",
+            "configurations.networking.tether.dev",
+            "-n",
+            "tether-tenant-bench-b",
+            "bench-b",
+            "-o",
+            "jsonpath={.status.remote.cidr.pod[0]}",
+        ],
+    )?
+    .parse()
+    .map_err(|e| format!("the remap of bench-b's pod CIDR: {e}"))?;
+    let host = u32::from(ip_b) & !u32::from(view.netmask());
+    Ok((view, Ipv4Addr::from(u32::from(view.network()) | host)))
+}
