@@ -8,6 +8,8 @@
 //! here such a pod is admitted without the token volume, because many tests create pods in
 //! clusters that run no ServiceAccount controller.
 
+pub mod webhooks;
+
 use serde_json::{Value, json};
 
 /// Where in-cluster clients look for the token, CA and namespace.

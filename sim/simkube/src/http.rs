@@ -125,6 +125,9 @@ pub struct ServerState {
     pub pod_proxy: RwLock<Option<PodProxy>>,
     /// The authorizer's view of the RBAC objects, rebuilt when one of them changes.
     pub rbac_cache: Mutex<Option<([u64; 4], Arc<auth::RbacView>)>>,
+    /// How admission webhooks named by a Service reach its endpoints; none dials them from
+    /// this process's network namespace.
+    pub webhook_dialer: RwLock<Option<crate::admission::webhooks::WebhookDialer>>,
 }
 
 impl std::fmt::Debug for ServerState {

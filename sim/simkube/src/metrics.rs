@@ -56,9 +56,25 @@ struct WatchLabels {
     resource: String,
 }
 
+/// Labels of one admission webhook call.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    /// The webhook's name (configurations are written by administrators, so the set is small).
+    name: String,
+    /// `admit` (mutating) or `validating`, as kube-apiserver labels it.
+    r#type: String,
+    operation: String,
+    /// 200 for an answer; for a failed call the status kube-apiserver gives it (400, or 503
+    /// for an unusable answer).
+    code: String,
+    /// Whether the webhook denied the request.
+    rejected: String,
+}
+
 /// The metrics of one server.
 pub struct Metrics {
     registry: Registry,
+    webhooks: Family<WebhookLabels, Counter>,
     requests: Family<RequestLabels, Counter>,
     durations: Family<DurationLabels, Histogram>,
     watches: Family<WatchLabels, Gauge>,
@@ -108,6 +124,12 @@ impl Metrics {
             "Stored objects per resource",
             objects.clone(),
         );
+        let webhooks = Family::<WebhookLabels, Counter>::default();
+        registry.register(
+            "apiserver_admission_webhook_request",
+            "Admission webhook calls by name, type, operation, HTTP code and rejection",
+            webhooks.clone(),
+        );
         let resource_version = Gauge::default();
         registry.register(
             "simkube_resource_version",
@@ -116,12 +138,33 @@ impl Metrics {
         );
         Self {
             registry,
+            webhooks,
             requests,
             durations,
             watches,
             objects,
             resource_version,
         }
+    }
+
+    /// Counts one admission webhook call.
+    pub fn webhook_request(
+        &self,
+        name: &str,
+        mutating: bool,
+        operation: &str,
+        code: u16,
+        rejected: bool,
+    ) {
+        self.webhooks
+            .get_or_create(&WebhookLabels {
+                name: name.to_owned(),
+                r#type: if mutating { "admit" } else { "validating" }.to_owned(),
+                operation: operation.to_owned(),
+                code: code.to_string(),
+                rejected: rejected.to_string(),
+            })
+            .inc();
     }
 
     /// Counts one finished request and its latency.

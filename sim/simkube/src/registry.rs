@@ -348,7 +348,7 @@ pub fn builtins() -> Vec<ResourceType> {
             .short(&["sts"])
             .categories(&["all"])
             .subs(&["scale", "status"]),
-        // admissionregistration.k8s.io/v1: stored, not called.
+        // admissionregistration.k8s.io/v1: the webhooks admission/webhooks.rs calls.
         builtin::<admission::MutatingWebhookConfiguration>(),
         builtin::<admission::ValidatingWebhookConfiguration>(),
         // batch/v1

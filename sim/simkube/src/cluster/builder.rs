@@ -262,6 +262,7 @@ impl ClusterBuilder {
                 crate::kubelet_proxy::KubeletClient::default(),
             ))),
             rbac_cache: Mutex::new(None),
+            webhook_dialer: RwLock::new(None),
         });
         let _ = slot.set(Arc::downgrade(&state));
         let listener = bind(self.bind).await?;

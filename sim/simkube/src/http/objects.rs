@@ -30,6 +30,7 @@ mod delete;
 mod patching;
 mod read;
 mod subresources;
+mod webhook_flow;
 mod write;
 use checks::*;
 pub(crate) use delete::DeleteOptions;
@@ -38,6 +39,7 @@ use patching::*;
 pub(crate) use read::Selectors;
 use read::*;
 use subresources::*;
+use webhook_flow::Stage;
 use write::*;
 
 /// The `foregroundDeletion` finalizer the GC controller honours.
@@ -94,6 +96,8 @@ struct Ctx<'a> {
     manager: Option<String>,
     /// For writes of RBAC objects under enforced RBAC: the view escalation checks use.
     escalation_view: Option<Arc<auth::RbacView>>,
+    /// Which pass of a write admission webhooks concern (`Direct` when none does).
+    stage: Stage,
 }
 
 impl Ctx<'_> {
@@ -231,6 +235,7 @@ pub(super) async fn serve(
         attrs,
         manager,
         escalation_view,
+        stage: Stage::Direct,
     };
     let method = req.method().clone();
     let content_type = req
@@ -254,26 +259,44 @@ pub(super) async fn serve(
                 return Err(method_not_allowed(&method, &ctx.rt));
             }
             let body = read_body(state, req.into_body()).await?;
-            create(&ctx, content_type.as_deref(), &body)
+            webhook_flow::admit_write(&ctx, "CreateOptions", |c| {
+                create(c, content_type.as_deref(), &body)
+            })
+            .await
         }
         (&Method::DELETE, false, None) => {
             let body = read_body(state, req.into_body()).await?;
-            delete_collection(&ctx, &body)
+            match delete_options(&ctx, &body) {
+                Ok(opts) if ctx.rt.verbs.iter().any(|v| v == "deletecollection") => {
+                    webhook_flow::admit_delete_collection(&ctx, opts.dry_run, |c| {
+                        delete_collection(c, &body)
+                    })
+                    .await
+                }
+                // The handler answers bad options and unsupported collections as before.
+                _ => delete_collection(&ctx, &body),
+            }
         }
         (&Method::GET, true, None | Some("status")) => get(&ctx),
         (&Method::PUT, true, None | Some("status")) => {
             let body = read_body(state, req.into_body()).await?;
             let obj = decode_object(&ctx, content_type.as_deref(), &body)?;
-            update(&ctx, obj, sub.as_deref())
+            webhook_flow::admit_write(&ctx, "UpdateOptions", |c| {
+                update(c, obj.clone(), sub.as_deref())
+            })
+            .await
         }
         (&Method::PATCH, true, None | Some("status")) => {
             let body = read_body(state, req.into_body()).await?;
-            patch(&ctx, content_type.as_deref(), &body, sub.as_deref())
+            webhook_flow::admit_write(&ctx, "PatchOptions", |c| {
+                patch(c, content_type.as_deref(), &body, sub.as_deref())
+            })
+            .await
         }
         (&Method::DELETE, true, None) => {
             let body = read_body(state, req.into_body()).await?;
             let opts = delete_options(&ctx, &body)?;
-            delete(&ctx, &opts)
+            webhook_flow::admit_delete(&ctx, opts.dry_run, |c| delete(c, &opts)).await
         }
         (&Method::POST, true, Some("binding")) => {
             let body = read_body(state, req.into_body()).await?;
@@ -303,11 +326,15 @@ pub(super) async fn serve(
         (&Method::PUT, true, Some(s @ ("approval" | "finalize"))) => {
             let body = read_body(state, req.into_body()).await?;
             let obj = decode_object(&ctx, content_type.as_deref(), &body)?;
-            update(&ctx, obj, Some(s))
+            webhook_flow::admit_write(&ctx, "UpdateOptions", |c| update(c, obj.clone(), Some(s)))
+                .await
         }
         (&Method::PATCH, true, Some("approval")) => {
             let body = read_body(state, req.into_body()).await?;
-            patch(&ctx, content_type.as_deref(), &body, Some("approval"))
+            webhook_flow::admit_write(&ctx, "PatchOptions", |c| {
+                patch(c, content_type.as_deref(), &body, Some("approval"))
+            })
+            .await
         }
         (&Method::GET, true, Some("scale")) => scale_get(&ctx),
         (&Method::PUT | &Method::PATCH, true, Some("scale")) => {

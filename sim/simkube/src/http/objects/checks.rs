@@ -2,6 +2,7 @@
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
+use crate::admission::webhooks;
 
 // ---------------------------------------------------------------------------------------------
 // Writes
@@ -205,6 +206,9 @@ pub(super) fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Res
             crd::validate_crd(obj)?;
             crd::accept(obj);
         }
+        (webhooks::GROUP, webhooks::MUTATING | webhooks::VALIDATING) => {
+            webhooks::default_and_validate(&rt.kind, obj)?;
+        }
         _ => {}
     }
     if matches!(rt.origin, Origin::Crd { .. }) {
@@ -288,6 +292,14 @@ pub(super) fn admit_update(
         if let Err(errors) = alloc.assign_update(old, new, &mut rand::rng()) {
             return Err(service_invalid(new, &errors));
         }
+    }
+    if rt.group == webhooks::GROUP
+        && matches!(
+            rt.plural.as_str(),
+            webhooks::MUTATING | webhooks::VALIDATING
+        )
+    {
+        webhooks::default_and_validate(&rt.kind, new)?;
     }
     if rt.group == "apiextensions.k8s.io" && rt.plural == "customresourcedefinitions" {
         crd::default_crd(new);

@@ -78,9 +78,15 @@ pub(super) fn patch(
                     let now = crate::timefmt::now_rfc3339();
                     let obj = patch::server_side_apply(None, &applied, &manager, force, &now, &rt)?;
                     let mut obj = convert::to_storage(&rt, obj);
+                    if ctx.webhook_pass() {
+                        namespace_admission(txn, &rt, ctx.ns(), ctx.name())?;
+                        webhook_flow::builtin_mutations(ctx, txn, &mut obj, true);
+                    }
+                    ctx.mutation_point(None, &mut obj)?;
                     strategy::prepare_create(&rt, &mut obj)?;
                     namespace_admission(txn, &rt, ctx.ns(), ctx.name())?;
                     admit_create(ctx, txn, &mut obj)?;
+                    ctx.validation_point(None, &mut obj)?;
                     if dry_run {
                         return Ok((Arc::new(obj), true));
                     }

@@ -27,6 +27,12 @@ pub(super) fn create(
             let mut attempt = 0;
             loop {
                 let mut candidate = obj.clone();
+                if ctx.webhook_pass() {
+                    let name = candidate["metadata"]["name"].as_str().unwrap_or_default();
+                    namespace_admission(txn, &rt, ctx.ns(), name)?;
+                    webhook_flow::builtin_mutations(ctx, txn, &mut candidate, true);
+                }
+                ctx.mutation_point(None, &mut candidate)?;
                 strategy::prepare_create(&rt, &mut candidate)?;
                 let (ns, name) = obj_key(&candidate);
                 namespace_admission(txn, &rt, &ns, &name)?;
@@ -46,6 +52,8 @@ pub(super) fn create(
                         None,
                     );
                 }
+                ctx.validation_point(None, &mut candidate)?;
+                let (ns, name) = obj_key(&candidate);
                 if txn.get(&k, &ns, &name).is_some() {
                     attempt += 1;
                     if generate && attempt < 8 {
@@ -98,6 +106,10 @@ pub(super) fn write_update(
 ) -> Result<Arc<Value>, ApiError> {
     check_rv(ctx, old, &new)?;
     let rt = &ctx.rt;
+    if ctx.webhook_pass() && sub.is_none() {
+        webhook_flow::builtin_mutations(ctx, txn, &mut new, false);
+    }
+    ctx.mutation_point(Some(old), &mut new)?;
     match sub {
         Some("approval") => {
             let conditions = new["status"]["conditions"].clone();
@@ -167,6 +179,7 @@ pub(super) fn write_update(
             old["metadata"]["resourceVersion"].clone(),
         );
     }
+    ctx.validation_point(Some(old), &mut new)?;
     let k = key(rt);
     if dry_run {
         return Ok(Arc::new(new));
