@@ -80,6 +80,14 @@ impl Containers {
         self.lock().get(key).cloned()
     }
 
+    /// A running container of pod `namespace/pod` (they share the pod's network namespace).
+    pub fn of_pod(&self, namespace: &str, pod: &str) -> Option<RunningContainer> {
+        self.lock()
+            .iter()
+            .find(|(k, _)| k.namespace == namespace && k.pod == pod)
+            .map(|(_, r)| r.clone())
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ContainerKey, RunningContainer>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }

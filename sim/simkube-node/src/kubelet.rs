@@ -5,11 +5,15 @@
 //!   the kubelet's options, `follow` included;
 //! - `/exec/{namespace}/{pod}/{container}` and `/attach/...` (module `exec`): WebSocket sessions
 //!   speaking the kubelet's channel protocol ([`channel`]);
+//! - `/portForward/{namespace}/{pod}` (module `portforward`): an upgrade to SPDY/3.1
+//!   ([`spdy`]) whose stream pairs become TCP connections inside the pod's network namespace;
 //! - `/metrics` (the agent's Prometheus metrics) and `/healthz`.
 
 pub mod channel;
 mod exec;
 mod logs;
+mod portforward;
+pub mod spdy;
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -108,6 +112,10 @@ pub fn router(endpoint: Endpoint) -> Router {
         )
         .route("/exec/{namespace}/{pod}/{container}", any(exec::exec))
         .route("/attach/{namespace}/{pod}/{container}", any(exec::attach))
+        .route(
+            "/portForward/{namespace}/{pod}",
+            any(portforward::port_forward),
+        )
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(endpoint)

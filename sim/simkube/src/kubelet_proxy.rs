@@ -33,9 +33,13 @@
 //! present a client certificate, install one built from a [`KubeletClientConfig`] in
 //! `ServerState::pod_proxy`.
 //!
-//! Not forwarded: SPDY (kubectl only falls back to it when the WebSocket upgrade fails; it gets
-//! a clear error). kubectl 1.31+ `port-forward` tunnels SPDY inside WebSocket
-//! (`SPDY/3.1+portforward.k8s.io`); that passes through only if the kubelet speaks it too.
+//! `portforward` also comes as SPDY: kubectl 1.31+ tunnels SPDY/3.1 inside WebSocket binary
+//! messages (subprotocol `SPDY/3.1+portforward.k8s.io`, KEP-4006), older kubectl (and the
+//! fallback of newer ones) upgrades to `SPDY/3.1` directly. Both reach the kubelet as a plain
+//! SPDY upgrade (`X-Stream-Protocol-Version: portforward.k8s.io`), as kube-apiserver's tunneling
+//! handler does, and the bytes are carried unchanged; such requests need no `ports`, since the
+//! streams name their ports. Exec and attach over SPDY are not forwarded (kubectl only falls
+//! back to it when the WebSocket upgrade fails; it gets a clear error).
 
 // `ApiError` is the crate's error type, returned by value by every handler.
 #![allow(clippy::result_large_err)]
@@ -55,7 +59,10 @@ use tokio_tungstenite::tungstenite::Message as WsMessage;
 
 use crate::error::ApiError;
 
-pub use transport::{KubeletClient, KubeletClientConfig, KubeletClientError, KubeletSocket};
+pub use transport::{
+    KubeletClient, KubeletClientConfig, KubeletClientError, KubeletDialer, KubeletSocket,
+    KubeletUpgraded,
+};
 
 /// The kubelet port when a Node does not report one.
 pub const DEFAULT_KUBELET_PORT: u16 = 10250;
@@ -564,6 +571,12 @@ impl StreamKind {
 /// The kubelet query for `pods/portforward`: the client's `ports=80,443` (or repeated `ports`)
 /// become the kubelet's repeated `port`, as kube-apiserver translates them.
 pub fn port_forward_query(pod: &str, query: &str) -> Result<String, ApiError> {
+    port_forward_ports(pod, query, true)
+}
+
+/// [`port_forward_query`], with `required` false for the SPDY forms, whose streams name their
+/// ports (kubectl sends no `ports`).
+fn port_forward_ports(pod: &str, query: &str, required: bool) -> Result<String, ApiError> {
     let mut out = form_urlencoded::Serializer::new(String::new());
     let mut any = false;
     for (key, value) in query_pairs(query) {
@@ -593,7 +606,7 @@ pub fn port_forward_query(pod: &str, query: &str) -> Result<String, ApiError> {
             }
         }
     }
-    if !any {
+    if !any && required {
         return Err(ApiError::invalid(
             "",
             "PodPortForwardOptions",
@@ -650,12 +663,19 @@ pub async fn proxy_stream(
                 opts.kubelet_query()
             )
         }
-        StreamKind::PortForward => format!(
-            "/portForward/{}/{}?{}",
-            path_segment(namespace),
-            path_segment(name),
-            port_forward_query(name, query)?
-        ),
+        StreamKind::PortForward => {
+            let ports = port_forward_ports(name, query, spdy_form(&parts).is_none())?;
+            let mut path = format!(
+                "/portForward/{}/{}",
+                path_segment(namespace),
+                path_segment(name),
+            );
+            if !ports.is_empty() {
+                path.push('?');
+                path.push_str(&ports);
+            }
+            path
+        }
     };
     let Some(node_name) = node_name(pod) else {
         return Err(ApiError::bad_request(format!(
@@ -663,6 +683,11 @@ pub async fn proxy_stream(
         )));
     };
     let target = kubelet_target(node_name, node)?;
+    if kind == StreamKind::PortForward
+        && let Some(form) = spdy_form(&parts)
+    {
+        return proxy_spdy(client, &target, &path, parts, form).await;
+    }
     if !is_websocket(&parts) {
         return Err(ApiError::bad_request(format!(
             "this server streams {} over WebSocket only (subprotocols v5.channel.k8s.io and \
@@ -693,6 +718,166 @@ pub async fn proxy_stream(
     Ok(upgrade
         .on_upgrade(move |socket| pump(socket, kubelet))
         .into_response())
+}
+
+/// The prefix of a WebSocket subprotocol that tunnels SPDY (KEP-4006): the rest is the
+/// protocol spoken over SPDY, e.g. `SPDY/3.1+portforward.k8s.io`.
+const TUNNEL_PREFIX: &str = "SPDY/3.1+";
+
+/// How a client asks for SPDY.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SpdyForm {
+    /// A plain `Upgrade: SPDY/3.1` (kubectl before 1.31, or its fallback), offering these
+    /// `X-Stream-Protocol-Version`s.
+    Upgrade(Vec<String>),
+    /// SPDY inside WebSocket binary messages, offering these protocols (without the prefix).
+    Tunnel(Vec<String>),
+}
+
+fn spdy_form(parts: &http::request::Parts) -> Option<SpdyForm> {
+    if is_websocket(parts) {
+        let tunnelled: Vec<String> = offered_protocols(parts)
+            .iter()
+            .filter_map(|p| p.strip_prefix(TUNNEL_PREFIX))
+            .map(str::to_owned)
+            .collect();
+        return (!tunnelled.is_empty()).then_some(SpdyForm::Tunnel(tunnelled));
+    }
+    let spdy = parts
+        .headers
+        .get(http::header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("SPDY/3.1"));
+    spdy.then(|| {
+        SpdyForm::Upgrade(
+            parts
+                .headers
+                .get_all(transport::STREAM_PROTOCOL_HEADER)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .map(|p| p.trim().to_owned())
+                .filter(|p| !p.is_empty())
+                .collect(),
+        )
+    })
+}
+
+/// Port-forward over SPDY, as kube-apiserver does it: the kubelet is always reached with an
+/// SPDY upgrade; a tunnelling client gets the kubelet's bytes as WebSocket binary messages
+/// (and its messages' payloads go to the kubelet), a SPDY client gets them unchanged.
+async fn proxy_spdy(
+    client: &KubeletClient,
+    target: &KubeletTarget,
+    path: &str,
+    mut parts: http::request::Parts,
+    form: SpdyForm,
+) -> Result<Response, ApiError> {
+    let (offered, method) = match &form {
+        SpdyForm::Upgrade(offered) => (offered.clone(), http::Method::POST),
+        SpdyForm::Tunnel(offered) => (offered.clone(), http::Method::GET),
+    };
+    let (kubelet, chosen) = client
+        .spdy_upgrade(target, path, method, &offered)
+        .await
+        .map_err(|e| match e {
+            KubeletClientError::Rejected { code, body } => {
+                let text = String::from_utf8_lossy(&body).trim().to_owned();
+                ApiError::new(code, reason_for(code), text)
+            }
+            other => ApiError::internal(other.to_string()),
+        })?;
+    // A kubelet naming no version speaks the client's first.
+    let chosen = chosen.or_else(|| offered.first().cloned());
+    match form {
+        SpdyForm::Tunnel(_) => {
+            let upgrade = WebSocketUpgrade::from_request_parts(&mut parts, &())
+                .await
+                .map_err(|e| {
+                    ApiError::bad_request(format!("invalid WebSocket upgrade request: {e}"))
+                })?;
+            let upgrade = match chosen {
+                Some(p) => upgrade.protocols([format!("{TUNNEL_PREFIX}{p}")]),
+                None => upgrade,
+            };
+            Ok(upgrade
+                .on_upgrade(move |socket| tunnel(socket, kubelet))
+                .into_response())
+        }
+        SpdyForm::Upgrade(_) => {
+            let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+                return Err(ApiError::internal(
+                    "this connection cannot be upgraded (HTTP/2 carries no SPDY upgrade); \
+                     use HTTP/1.1"
+                        .to_owned(),
+                ));
+            };
+            tokio::spawn(async move {
+                let Ok(upgraded) = on_upgrade.await else {
+                    return;
+                };
+                let mut client = hyper_util::rt::TokioIo::new(upgraded);
+                let mut kubelet = kubelet;
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut kubelet).await;
+            });
+            let mut response = http::StatusCode::SWITCHING_PROTOCOLS.into_response();
+            let headers = response.headers_mut();
+            headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("Upgrade"),
+            );
+            headers.insert(
+                http::header::UPGRADE,
+                http::HeaderValue::from_static("SPDY/3.1"),
+            );
+            if let Some(p) = chosen.and_then(|p| http::HeaderValue::from_str(&p).ok()) {
+                headers.insert(transport::STREAM_PROTOCOL_HEADER, p);
+            }
+            Ok(response)
+        }
+    }
+}
+
+/// Carries a SPDY connection between a tunnelling client (WebSocket binary messages) and the
+/// kubelet (raw bytes) until the kubelet's side ends.
+async fn tunnel(client: WebSocket, kubelet: transport::KubeletUpgraded) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let (mut client_tx, mut client_rx) = client.split();
+    let (mut kubelet_rx, mut kubelet_tx) = tokio::io::split(kubelet);
+    let upstream = async {
+        while let Some(Ok(message)) = client_rx.next().await {
+            match message {
+                AxumMessage::Binary(data) if kubelet_tx.write_all(&data).await.is_err() => break,
+                AxumMessage::Close(_) => break,
+                _ => {}
+            }
+        }
+        let _ = kubelet_tx.shutdown().await;
+    };
+    let downstream = async {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match kubelet_rx.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let data = bytes::Bytes::copy_from_slice(&buf[..n]);
+                    if client_tx.send(AxumMessage::Binary(data)).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = client_tx
+            .send(AxumMessage::Close(Some(axum::extract::ws::CloseFrame {
+                code: axum::extract::ws::close_code::NORMAL,
+                reason: "".into(),
+            })))
+            .await;
+    };
+    tokio::select! {
+        () = downstream => {}
+        () = async { upstream.await; std::future::pending::<()>().await } => {}
+    }
 }
 
 /// Copies frames between the client and the kubelet until either side closes.

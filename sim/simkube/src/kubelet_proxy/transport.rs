@@ -25,8 +25,25 @@ use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 use super::{KubeletTarget, RedactedPem};
 
+/// Opens the TCP connection to a kubelet address when the API server's own namespace has no
+/// route to it (a kubelet served from a pod address, as virtual kubelets are); `None` means
+/// "connect directly".
+pub type KubeletDialer = Arc<
+    dyn Fn(
+            std::net::SocketAddr,
+        ) -> Option<futures::future::BoxFuture<'static, io::Result<TcpStream>>>
+        + Send
+        + Sync,
+>;
+
 /// A WebSocket to a kubelet.
 pub type KubeletSocket = WebSocketStream<TlsStream<TcpStream>>;
+
+/// A connection to a kubelet after an HTTP upgrade (SPDY/3.1).
+pub type KubeletUpgraded = TokioIo<hyper::upgrade::Upgraded>;
+
+/// The header naming the stream protocols offered in, and chosen by, a SPDY upgrade.
+pub(super) const STREAM_PROTOCOL_HEADER: &str = "x-stream-protocol-version";
 
 /// How the API server connects to kubelets.
 #[derive(Debug, Clone)]
@@ -110,6 +127,7 @@ pub enum KubeletClientError {
 pub struct KubeletClient {
     connector: TlsConnector,
     connect_timeout: Duration,
+    dialer: Option<KubeletDialer>,
 }
 
 impl fmt::Debug for KubeletClient {
@@ -171,7 +189,15 @@ impl KubeletClient {
         Ok(Self {
             connector: TlsConnector::from(Arc::new(tls)),
             connect_timeout: config.connect_timeout,
+            dialer: None,
         })
+    }
+
+    /// This client, connecting through `dialer` where it takes an address.
+    #[must_use]
+    pub fn with_dialer(mut self, dialer: KubeletDialer) -> Self {
+        self.dialer = Some(dialer);
+        self
     }
 
     async fn dial(
@@ -187,7 +213,17 @@ impl KubeletClient {
             authority: authority.clone(),
             reason,
         };
-        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&authority))
+        let routed = match (&self.dialer, target.host.parse::<IpAddr>()) {
+            (Some(dialer), Ok(ip)) => dialer(std::net::SocketAddr::new(ip, target.port)),
+            _ => None,
+        };
+        let connect = async {
+            match routed {
+                Some(dialing) => dialing.await,
+                None => TcpStream::connect(&authority).await,
+            }
+        };
+        let tcp = tokio::time::timeout(self.connect_timeout, connect)
             .await
             .map_err(|_| dial_error("i/o timeout".to_owned()))?
             .map_err(|e| dial_error(go_io_error(&e)))?;
@@ -256,6 +292,67 @@ impl KubeletClient {
             chunk
         });
         Ok(http::Response::from_parts(parts, Body::from_stream(stream)))
+    }
+
+    /// Upgrades `method https://{target}{path_and_query}` to SPDY/3.1 offering the stream
+    /// `protocols`; returns the raw connection with the protocol the kubelet chose.
+    pub async fn spdy_upgrade(
+        &self,
+        target: &KubeletTarget,
+        path_and_query: &str,
+        method: http::Method,
+        protocols: &[String],
+    ) -> Result<(KubeletUpgraded, Option<String>), KubeletClientError> {
+        let url = format!("https://{}{path_and_query}", target.authority());
+        let http_error = |reason: String| KubeletClientError::Http {
+            method: "Upgrade",
+            url: url.clone(),
+            reason,
+        };
+        let stream = self.dial("Upgrade", target, &url).await?;
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| http_error(e.to_string()))?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.with_upgrades().await {
+                tracing::debug!(error = %e, "kubelet upgrade connection ended");
+            }
+        });
+        let mut request = http::Request::builder()
+            .method(method)
+            .uri(path_and_query)
+            .header(http::header::HOST, target.authority())
+            .header(http::header::CONNECTION, "Upgrade")
+            .header(http::header::UPGRADE, "SPDY/3.1");
+        for protocol in protocols {
+            request = request.header(STREAM_PROTOCOL_HEADER, protocol);
+        }
+        let request = request
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| http_error(e.to_string()))?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|e| http_error(e.to_string()))?;
+        if response.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            let code = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            return Err(KubeletClientError::Rejected { code, body });
+        }
+        let chosen = response
+            .headers()
+            .get(STREAM_PROTOCOL_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let upgraded = hyper::upgrade::on(response)
+            .await
+            .map_err(|e| http_error(e.to_string()))?;
+        Ok((TokioIo::new(upgraded), chosen))
     }
 
     /// Opens a WebSocket to `https://{target}{path_and_query}` offering `protocols`; returns it
