@@ -96,6 +96,19 @@ async fn serve(
         .cluster_signing_duration(Duration::from_secs(record.cluster_signing_seconds))
         .start()
         .await?;
+    *cluster
+        .state()
+        .webhook_dialer
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(webhook_dialer(&plan));
+    *cluster
+        .state()
+        .pod_proxy
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) =
+        Some(simkube::kubelet_proxy::pod_proxy(
+            simkube::kubelet_proxy::KubeletClient::default().with_dialer(kubelet_dialer(&plan)),
+        ));
     tracing::info!(cluster = %record.name, api = %api_addr, host_port, "API server listening");
     let client = cluster.client();
     bootstrap(&client, &plan, record.service_cidr).await?;
@@ -204,4 +217,72 @@ async fn wait_for_signal() -> Result<(), Error> {
         _ = interrupt.recv() => {}
     }
     Ok(())
+}
+
+/// How the API server reaches a kubelet API served at a pod address (a virtual kubelet, whose
+/// Node publishes its pod's IP, as in real clusters where the control plane reaches pod
+/// addresses): from inside the node whose pod CIDR holds it, like [`webhook_dialer`]. Node
+/// addresses are dialled directly, as before.
+fn kubelet_dialer(plan: &crate::topology::Plan) -> simkube::kubelet_proxy::KubeletDialer {
+    let nodes: Vec<(String, String, ipnet::Ipv4Net)> = plan
+        .node_plans()
+        .into_iter()
+        .map(|n| (n.name, n.netns, n.pod_cidr))
+        .collect();
+    let dial = webhook_dialer(plan);
+    std::sync::Arc::new(move |addr: SocketAddr| {
+        let std::net::IpAddr::V4(ip) = addr.ip() else {
+            return None;
+        };
+        let (node, _, _) = nodes.iter().find(|(_, _, cidr)| cidr.contains(&ip))?;
+        Some(dial(simkube::admission::webhooks::WebhookEndpoint {
+            ip: addr.ip(),
+            port: addr.port(),
+            node_name: Some(node.clone()),
+        }))
+    })
+}
+
+/// How the API server reaches a webhook served by a pod: pod addresses are routed between
+/// the nodes but not to the underlay namespace the API server lives in, so the connection is
+/// opened from inside a node's namespace (the endpoint's own node when the slice names one),
+/// on a thread of its own so that the runtime's threads stay where they are.
+fn webhook_dialer(plan: &crate::topology::Plan) -> simkube::admission::webhooks::WebhookDialer {
+    let nodes: Vec<(String, String)> = plan
+        .node_plans()
+        .into_iter()
+        .map(|n| (n.name, n.netns))
+        .collect();
+    std::sync::Arc::new(move |ep: simkube::admission::webhooks::WebhookEndpoint| {
+        let netns = ep
+            .node_name
+            .as_ref()
+            .and_then(|name| nodes.iter().find(|(n, _)| n == name))
+            .or_else(|| nodes.first())
+            .map(|(_, ns)| ns.clone());
+        Box::pin(async move {
+            let netns = netns.ok_or_else(|| std::io::Error::other("the cluster has no node"))?;
+            // A thread of its own, never a pooled one: it stays in the node's namespace.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            std::thread::spawn(move || {
+                let connect = || {
+                    let path = Path::new(crate::net::NETNS_DIR).join(&netns);
+                    let file = std::fs::File::open(&path)?;
+                    nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)
+                        .map_err(std::io::Error::from)?;
+                    let stream = std::net::TcpStream::connect_timeout(
+                        &SocketAddr::new(ep.ip, ep.port),
+                        Duration::from_secs(5),
+                    )?;
+                    stream.set_nonblocking(true)?;
+                    Ok::<_, std::io::Error>(stream)
+                };
+                let _ = tx.send(connect());
+            });
+            let std_stream = rx
+                .await
+                .map_err(|_| std::io::Error::other("the connecting thread died"))??;
+            tokio::net::TcpStream::from_std(std_stream)
+        })
+    })
 }
