@@ -15,6 +15,8 @@ pub mod types {
     pub const API_SERVER_REACHABLE: &str = "APIServerReachable";
     /// Generic readiness, used by kinds with a single condition.
     pub const READY: &str = "Ready";
+    /// A ResourceSlice's answer: True (`Accepted`) or False (`Denied`, with why).
+    pub const RESOURCES: &str = "Resources";
 }
 
 /// A condition's status.

@@ -38,6 +38,24 @@ pub mod labels {
     pub const COMPONENT_GATEWAY: &str = "gateway";
     /// [`COMPONENT`] of the fabric DaemonSet's pods.
     pub const COMPONENT_FABRIC: &str = "fabric";
+    /// What kind of Tether object a Kubernetes object stands for (on virtual nodes:
+    /// [`TYPE_VIRTUAL_NODE`]), so that pods can select them with a nodeSelector.
+    pub const TYPE: &str = "tether.dev/type";
+    /// [`TYPE`] of the Node a virtual node registers.
+    pub const TYPE_VIRTUAL_NODE: &str = "virtual-node";
+    /// The consumer's namespace an object stands for: on a NamespaceOffloading request in a
+    /// provider's tenant namespace, and on the twin namespace made for it.
+    pub const ORIGIN_NAMESPACE: &str = "tether.dev/origin-namespace";
+    /// On a provider's Pod: which Tether part made it ([`SHADOW_POD`]); distinct from the
+    /// standard [`MANAGED_BY`] so that a consumer's own value there is kept.
+    pub const TETHER_MANAGED_BY: &str = "tether.dev/managed-by";
+    /// [`TETHER_MANAGED_BY`] of a Pod made from a ShadowPod.
+    pub const SHADOW_POD: &str = "shadowpod";
+    /// On a consumer's namespace: its pods may be offloaded (the pod admission webhook
+    /// selects namespaces by it).
+    pub const OFFLOADING_ENABLED: &str = "tether.dev/offloading-enabled";
+    /// On a ShadowPod: the consumer's virtual node its pod is bound to.
+    pub const VIRTUAL_NODE: &str = "tether.dev/virtual-node";
 
     /// The labels of an object the controller creates for itself: part of Tether, managed by
     /// Tether.
@@ -47,6 +65,13 @@ pub mod labels {
             (MANAGED_BY.to_owned(), MANAGED_BY_VALUE.to_owned()),
         ])
     }
+}
+
+/// Taints.
+pub mod taints {
+    /// The `NoExecute` taint of a virtual node: only pods that tolerate it (those allowed to be
+    /// offloaded) are scheduled there, and nothing else stays there.
+    pub const NOT_ALLOWED: &str = "virtual-node.tether.dev/not-allowed";
 }
 
 /// Annotations.
@@ -66,6 +91,16 @@ pub mod finalizers {
     pub const PEERING: &str = "core.tether.dev/peering";
     /// Held by a Tenant until its namespace, roles and identity are revoked.
     pub const TENANT: &str = "authentication.tether.dev/tenant";
+    /// On a consumer's ResourceSlice: its copy at the provider is deleted first.
+    pub const RESOURCE_SLICE: &str = "authentication.tether.dev/resource-slice";
+    /// On a VirtualNode: its Node and Lease are deleted first.
+    pub const VIRTUAL_NODE: &str = "offloading.tether.dev/virtual-node";
+    /// On a provider's NamespaceOffloading request: its twin namespace is deleted, and gone,
+    /// first.
+    pub const TWIN_NAMESPACE: &str = "offloading.tether.dev/twin-namespace";
+    /// On a consumer's NamespaceOffloading: its requests at the providers are withdrawn
+    /// (and the twin namespaces with them) first.
+    pub const NAMESPACE_OFFLOADING: &str = "offloading.tether.dev/namespace-offloading";
 }
 
 /// Names of objects `tether install` and the controller create in [`SYSTEM_NAMESPACE`].
@@ -76,6 +111,9 @@ pub mod objects {
     pub const CONTROLLER_TENANT_ROLE: &str = "tether-controller-tenant";
     /// The ClusterRole bound to a consumer's identity in its tenant namespace on the provider.
     pub const TENANT_ROLE: &str = "tether-tenant";
+    /// The ClusterRole bound to a consumer's identity in each of its twin namespaces on the
+    /// provider (by a RoleBinding named [`TENANT_ROLE`]).
+    pub const TENANT_OFFLOADED_ROLE: &str = "tether-tenant-offloaded";
     /// The authentication Service.
     pub const AUTH_SERVICE: &str = "tether-auth";
     /// ConfigMap holding the cluster ID (written once by `tether install`).
@@ -89,6 +127,16 @@ pub mod objects {
     pub const PUBLIC_IDENTITY_CONFIGMAP: &str = "tether-public-identity";
     /// Secret with the authentication service's TLS certificate and key.
     pub const AUTH_TLS_SECRET: &str = "tether-auth-tls";
+    /// The Service in front of the controller's admission webhook.
+    pub const WEBHOOK_SERVICE: &str = "tether-webhook";
+    /// The webhook's CA and serving certificate (`ca.crt`, `tls.crt`, `tls.key`).
+    pub const WEBHOOK_TLS_SECRET: &str = "tether-webhook-tls";
+    /// The MutatingWebhookConfiguration that places pods of offloaded namespaces.
+    pub const POD_WEBHOOK: &str = "tether-pods";
+    /// The webhook's name inside it.
+    pub const POD_WEBHOOK_NAME: &str = "pods.offloading.tether.dev";
+    /// The path the pod webhook is served at.
+    pub const POD_WEBHOOK_PATH: &str = "/mutate-pods";
     /// The Lease of the controller's leader election.
     pub const LEADER_LEASE: &str = "tether-controller";
     /// Secret (in the local tenant namespace) with the kubeconfig for a provider.

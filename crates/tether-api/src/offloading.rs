@@ -216,10 +216,13 @@ pub struct ShadowPodSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShadowPodStatus {
-    /// The real pod's phase.
+    /// The real pod's phase, or `Rejected` when the provider refused to run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Conditions; `Ready` mirrors the real pod.
+    /// Conditions; `Ready` mirrors the real pod, or says why it was rejected.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// The real pod's status as the provider reports it (addresses in the provider's view).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<k8s_openapi::api::core::v1::PodStatus>,
 }

@@ -45,7 +45,7 @@ fn tenant_kinds() -> [(&'static str, &'static [&'static str]); 3] {
                 "connections",
             ],
         ),
-        (OFFLOADING, &["shadowpods"]),
+        (OFFLOADING, &["shadowpods", "namespaceoffloadings"]),
     ]
 }
 
@@ -71,7 +71,9 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
             &["namespaces"],
             &["get", "list", "watch", "create", "patch", "delete"],
         ),
-        rule(&[CORE], &["nodes"], READ),
+        // Virtual nodes: the Nodes the controller's virtual kubelets register and keep.
+        rule(&[CORE], &["nodes"], MANAGE),
+        rule(&[CORE], &["nodes/status"], &["get", "update", "patch"]),
         rule(&["rbac.authorization.k8s.io"], &["rolebindings"], MANAGE),
         // Per peer, the binding that lets its gateway read Nodes.
         rule(
@@ -84,17 +86,66 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
             &["clusterroles"],
             &[
                 crate::names::objects::TENANT_ROLE,
+                crate::names::objects::TENANT_OFFLOADED_ROLE,
                 crate::names::objects::CONTROLLER_TENANT_ROLE,
                 crate::names::objects::GATEWAY,
                 crate::names::objects::GATEWAY_NODES_ROLE,
             ],
             &["bind"],
         ),
-        // The networking reconcilers watch these in every tenant namespace.
+        // The networking and offloading reconcilers watch these in every tenant namespace.
         rule(
             &[NETWORKING],
             &["configurations", "gatewayservers", "gatewayclients"],
             READ,
+        ),
+        // Cluster-wide and with update, so that their finalizers can still be removed when
+        // a tenant namespace (and the binding inside it) is being deleted.
+        rule(
+            &[AUTHENTICATION],
+            &["resourceslices"],
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(
+            &[OFFLOADING],
+            &["virtualnodes"],
+            &["get", "list", "watch", "update", "patch", "delete"],
+        ),
+        // The provider's side of offloading: requests for twin namespaces in tenant namespaces
+        // (their finalizer outlives the tenant binding) and ShadowPods in twin namespaces,
+        // which have no controller binding of their own.
+        rule(
+            &[OFFLOADING],
+            &["namespaceoffloadings", "shadowpods"],
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(
+            &[OFFLOADING],
+            &["namespaceoffloadings/status", "shadowpods/status"],
+            &["get", "update", "patch"],
+        ),
+        // The Pods of ShadowPods. Twin namespaces are created on demand and named by
+        // consumers, so a Role per twin would have to be bound before the first Pod anyway;
+        // the controller holds the same right cluster-wide instead, and only ever writes Pods
+        // owned by a ShadowPod.
+        rule(
+            &[CORE],
+            &["pods"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        // The consumer's side: a virtual node's kubelet reports the status of the pods bound
+        // to it, wherever their namespace.
+        rule(&[CORE], &["pods/status"], &["get", "update", "patch"]),
+        // The consumer's side: reflection copies what an offloaded namespace holds into its
+        // twins; any namespace may be offloaded, so it reads these kinds cluster-wide.
+        rule(&[CORE], &["configmaps", "secrets", "services"], READ),
+        rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+        // The pod webhook's configuration, whose caBundle the controller keeps.
+        named(
+            &["admissionregistration.k8s.io"],
+            &["mutatingwebhookconfigurations"],
+            &[crate::names::objects::POD_WEBHOOK],
+            &["get", "update"],
         ),
         rule(
             &["certificates.k8s.io"],
@@ -145,6 +196,18 @@ pub fn controller_apiserver_rules() -> Vec<PolicyRule> {
     )]
 }
 
+/// What the controller's virtual kubelets do in `kube-node-lease` (Role
+/// `tether-controller-node-leases`): keep one Lease per virtual node, as a kubelet does.
+pub fn controller_node_lease_rules() -> Vec<PolicyRule> {
+    vec![rule(
+        &["coordination.k8s.io"],
+        &["leases"],
+        &[
+            "get", "list", "watch", "create", "update", "patch", "delete",
+        ],
+    )]
+}
+
 /// The controller's rules inside each tenant namespace (ClusterRole
 /// `tether-controller-tenant`, bound per namespace by the controller).
 pub fn controller_tenant_rules() -> Vec<PolicyRule> {
@@ -152,6 +215,14 @@ pub fn controller_tenant_rules() -> Vec<PolicyRule> {
         rule(&[CORE], &["secrets", "services", "serviceaccounts"], MANAGE),
         rule(&["apps"], &["deployments"], MANAGE),
         rule(&[CORE], &["pods"], READ),
+        // A consumer's virtual nodes live in its tenant namespace for the provider; the
+        // consumer's identity at a provider never needs them, so they are not a tenant kind.
+        rule(&[OFFLOADING], &["virtualnodes"], MANAGE),
+        rule(
+            &[OFFLOADING],
+            &["virtualnodes/status"],
+            &["get", "update", "patch"],
+        ),
     ];
     for (group, kinds) in tenant_kinds() {
         rules.push(rule(&[group], kinds, MANAGE));
@@ -174,6 +245,37 @@ pub fn tenant_rules() -> Vec<PolicyRule> {
         rules.push(rule(&[group], &status, &["get"]));
     }
     rules
+}
+
+/// What a consumer's identity may do in each of its twin namespaces on the provider
+/// (ClusterRole `tether-tenant-offloaded`, bound there to the consumer's username): hold its
+/// pods as ShadowPods, read the Pods made from them (logs, exec, attach, port-forward), and
+/// keep what they use (ConfigMaps, Secrets, Services, EndpointSlices, claims). Nothing outside
+/// the twin namespace.
+pub fn tenant_offloaded_rules() -> Vec<PolicyRule> {
+    vec![
+        rule(&[OFFLOADING], &["shadowpods"], MANAGE),
+        rule(&[OFFLOADING], &["shadowpods/status"], &["get"]),
+        rule(&[CORE], &["pods"], READ),
+        rule(&[CORE], &["pods/log"], &["get"]),
+        rule(
+            &[CORE],
+            &["pods/exec", "pods/attach", "pods/portforward"],
+            &["create", "get"],
+        ),
+        rule(
+            &[CORE],
+            &[
+                "configmaps",
+                "secrets",
+                "services",
+                "persistentvolumeclaims",
+            ],
+            MANAGE,
+        ),
+        rule(&["discovery.k8s.io"], &["endpointslices"], MANAGE),
+        rule(&[CORE, "events.k8s.io"], &["events"], READ),
+    ]
 }
 
 /// What a gateway (`tetherd gateway --namespace`) may do in its tenant namespace (ClusterRole
@@ -244,8 +346,10 @@ mod tests {
             controller_cluster_rules(),
             controller_namespace_rules(),
             controller_apiserver_rules(),
+            controller_node_lease_rules(),
             controller_tenant_rules(),
             tenant_rules(),
+            tenant_offloaded_rules(),
             gateway_rules(),
             fabric_rules(),
         ] {
@@ -279,6 +383,32 @@ mod tests {
                 assert!(g.ends_with(".tether.dev"), "{r:?}");
             }
         }
+    }
+
+    #[test]
+    fn an_offloaded_consumer_makes_pods_only_through_shadow_pods() {
+        // A Pod written directly would skip the provider's admission within the grant.
+        for r in tenant_offloaded_rules() {
+            if r.resources.iter().flatten().any(|x| x == "pods") {
+                for verb in &r.verbs {
+                    assert!(READ.contains(&verb.as_str()), "{r:?}");
+                }
+            }
+            for x in r.resources.iter().flatten() {
+                assert!(
+                    !["nodes", "namespaces", "rolebindings", "resourcequotas"]
+                        .contains(&x.as_str()),
+                    "{r:?}"
+                );
+            }
+        }
+        assert!(tenant_rules().iter().any(|r| {
+            r.resources
+                .iter()
+                .flatten()
+                .any(|x| x == "namespaceoffloadings")
+                && r.verbs.iter().any(|v| v == "create")
+        }));
     }
 
     #[test]

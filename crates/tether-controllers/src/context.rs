@@ -31,6 +31,15 @@ pub struct Settings {
     pub ping_interval: Duration,
     /// The image of gateway Deployments.
     pub gateway_image: String,
+    /// This pod's IP, which virtual nodes publish as their address.
+    pub pod_ip: Option<String>,
+    /// How strictly consumers' ShadowPods are held to their grants here.
+    pub resource_enforcement: tether_resources::Enforcement,
+    /// Where the admission webhook listens; not served when absent.
+    pub webhook_listen: Option<std::net::SocketAddr>,
+    /// Where the virtual nodes' kubelet API (logs, exec, attach, port-forward) listens; not
+    /// served when absent.
+    pub kubelet_listen: Option<std::net::SocketAddr>,
 }
 
 /// Facts the publisher discovers and the authentication service hands out.

@@ -45,6 +45,22 @@ pub enum Error {
 }
 
 impl Error {
+    /// A `map_err` adapter for kube-runtime's `finalizer()` helper on a `kind`: the
+    /// reconciler's own error as it is, a failed finalizer update as a kube error.
+    pub fn finalizer(
+        kind: &'static str,
+    ) -> impl FnOnce(kube::runtime::finalizer::Error<Error>) -> Error {
+        move |e| match e {
+            kube::runtime::finalizer::Error::ApplyFailed(e)
+            | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+            kube::runtime::finalizer::Error::AddFinalizer(e)
+            | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
+                Error::kube(format!("updating the {kind}'s finalizers"))(e)
+            }
+            other => Error::Invalid(format!("{kind} finalizer: {other}")),
+        }
+    }
+
     /// A `map_err` adapter for kube calls: `api.get(n).await.map_err(Error::kube("reading x"))`.
     pub fn kube(context: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let context = context.into();

@@ -27,56 +27,10 @@ use crate::auth::protocol::{self, IdentityRequest, RevocationRequest};
 use crate::context::{Ctx, FIELD_MANAGER};
 use crate::kubeconfig::Stored;
 use crate::network::exchange::NetOutcome;
+use crate::providers::ProviderClients;
 use crate::{Error, namespaces};
 
 pub mod status;
-
-/// Clients for providers' API servers, rebuilt when the kubeconfig Secret changes.
-#[derive(Default)]
-pub struct ProviderClients {
-    by_cluster: Mutex<HashMap<String, (String, kube::Client)>>,
-}
-
-impl ProviderClients {
-    async fn get(
-        &self,
-        cluster: &str,
-        version: &str,
-        kubeconfig: &str,
-    ) -> Result<kube::Client, String> {
-        if let Some((v, c)) = self
-            .by_cluster
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(cluster)
-            && v == version
-        {
-            return Ok(c.clone());
-        }
-        let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
-            .map_err(|e| format!("the stored kubeconfig is unreadable: {e}"))?;
-        let config = kube::Config::from_custom_kubeconfig(
-            parsed,
-            &kube::config::KubeConfigOptions::default(),
-        )
-        .await
-        .map_err(|e| format!("the stored kubeconfig is unusable: {e}"))?;
-        let client =
-            kube::Client::try_from(config).map_err(|e| format!("building a client: {e}"))?;
-        self.by_cluster
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(cluster.to_owned(), (version.to_owned(), client.clone()));
-        Ok(client)
-    }
-
-    fn forget(&self, cluster: &str) {
-        self.by_cluster
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(cluster);
-    }
-}
 
 /// A failed first authentication: the generation tried, when, and how long to wait.
 type Attempt = (Option<i64>, Instant, Duration);
@@ -85,8 +39,8 @@ type Attempt = (Option<i64>, Instant, Duration);
 pub struct FcCtx {
     /// Shared controller state.
     pub ctx: Arc<Ctx>,
-    /// Provider API clients.
-    pub clients: ProviderClients,
+    /// Provider API clients, shared with the offloading module.
+    pub clients: Arc<ProviderClients>,
     /// Failed first authentications, so that status writes (which trigger reconciles) do not
     /// turn into a retry loop: by ForeignCluster, the generation tried, when, and how long to
     /// wait. A new generation (a new token from `tether peer`) retries at once.
@@ -98,7 +52,7 @@ impl FcCtx {
     pub fn new(ctx: Arc<Ctx>) -> Self {
         Self {
             ctx,
-            clients: ProviderClients::default(),
+            clients: Arc::new(ProviderClients::default()),
             attempts: Mutex::new(HashMap::new()),
         }
     }
@@ -162,15 +116,7 @@ pub async fn reconcile(fc: Arc<ForeignCluster>, fctx: Arc<FcCtx>) -> Result<Acti
         }
     })
     .await
-    .map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e)
-        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-            Error::kube("updating the ForeignCluster's finalizers")(e)
-        }
-        other => Error::Invalid(format!("ForeignCluster finalizer: {other}")),
-    });
+    .map_err(Error::finalizer("ForeignCluster"));
     // A status written from a stale view was refused: run again at once with fresh data.
     let result = match result {
         Err(e) if e.api_status() == Some(409) => Ok(Action::requeue(Duration::from_millis(100))),
@@ -342,7 +288,110 @@ async fn apply(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
             .and_then(|t| t.remote.clone())
             .filter(|_| consuming),
     });
+    offloading_condition(fctx, fc, &remote, &mut st, generation).await?;
     finish(fc, fctx, st, outcome, net, generation).await
+}
+
+/// The `Offloading` condition: this cluster's requests to `remote` and their virtual nodes.
+/// Absent while the module is off and nothing was asked.
+async fn offloading_condition(
+    fctx: &FcCtx,
+    fc: &ForeignCluster,
+    remote: &ClusterId,
+    st: &mut ForeignClusterStatus,
+    generation: Option<i64>,
+) -> Result<(), Error> {
+    let ns = names::tenant_namespace(remote);
+    let client = fctx.ctx.client.clone();
+    let this = fctx.ctx.cluster_id().as_str();
+    let slices: Vec<ResourceSlice> = match Api::<ResourceSlice>::namespaced(client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => Vec::new(),
+        Err(e) => return Err(Error::kube(format!("listing ResourceSlices in {ns}"))(e)),
+    }
+    .into_iter()
+    .filter(|s| s.spec.consumer_cluster_id == this && s.metadata.deletion_timestamp.is_none())
+    .collect();
+    if slices.is_empty() {
+        if fc.spec.modules.offloading.enabled {
+            conditions::set(
+                &mut st.conditions,
+                types::OFFLOADING,
+                Status::Unknown,
+                "NoRequest",
+                format!(
+                    "nothing asked of {remote} yet; `tether offload resources add {remote} --cpu N` asks"
+                ),
+                generation,
+                now_time(),
+            );
+        } else {
+            conditions_remove(st, types::OFFLOADING);
+        }
+        return Ok(());
+    }
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
+    let mut ready = Vec::new();
+    let mut waiting = Vec::new();
+    let mut refused = Vec::new();
+    for slice in &slices {
+        let name = slice.metadata.name.clone().unwrap_or_default();
+        let answer = slice
+            .status
+            .as_ref()
+            .and_then(|s| conditions::find(&s.conditions, types::RESOURCES));
+        let granted = slice
+            .status
+            .as_ref()
+            .is_some_and(|s| !s.resources.is_empty());
+        if !granted {
+            match answer {
+                Some(c) if c.status == "False" => refused.push(format!("{name}: {}", c.message)),
+                Some(c) => waiting.push(format!("{name}: {}", c.message)),
+                None => waiting.push(format!("{name}: waiting for {remote} to answer")),
+            }
+            continue;
+        }
+        let node_ready = nodes
+            .get_opt(&name)
+            .await
+            .map_err(Error::kube(format!("reading Node {name}")))?
+            .and_then(|n| n.status)
+            .and_then(|s| s.conditions)
+            .and_then(|cs| cs.into_iter().find(|c| c.type_ == "Ready"));
+        match node_ready {
+            Some(c) if c.status == "True" => ready.push(name),
+            Some(c) => waiting.push(format!(
+                "virtual node {name} not Ready: {}",
+                c.message.unwrap_or_default()
+            )),
+            None => waiting.push(format!("virtual node {name} not registered yet")),
+        }
+    }
+    let (status, reason, message) = if !refused.is_empty() {
+        (Status::False, "Refused", refused.join("; "))
+    } else if !waiting.is_empty() {
+        (Status::False, "VirtualNodesNotReady", waiting.join("; "))
+    } else {
+        (
+            Status::True,
+            "VirtualNodesReady",
+            format!("virtual node(s) {} Ready", ready.join(", ")),
+        )
+    };
+    conditions::set(
+        &mut st.conditions,
+        types::OFFLOADING,
+        status,
+        reason,
+        message,
+        generation,
+        now_time(),
+    );
+    Ok(())
 }
 
 /// The networking state of a peering in which the remote consumes from here: what the
@@ -1023,6 +1072,23 @@ async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     };
     let mut st = fc.status.clone().unwrap_or_default();
+    // The finalizer is released as soon as this returns Ok, so waiting is done here, and a
+    // wait that runs out is an error (retried), never an Ok.
+    if let Some(n) = withdraw_slices(fctx, &remote).await? {
+        let msg = format!(
+            "withdrawing {n} resource slice(s): their virtual nodes drain and {remote} releases the grants"
+        );
+        show_phase(fctx, fc, &mut st, Phase::Unpeering, &msg).await?;
+        let until = Instant::now() + Duration::from_secs(20);
+        while let Some(n) = withdraw_slices(fctx, &remote).await? {
+            if Instant::now() >= until {
+                return Err(Error::Timeout(format!(
+                    "withdrawing {n} resource slice(s) from {remote}; retrying"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
     if let Some((stored, _)) = stored_identity(fctx, &remote).await? {
         show_phase(
             fctx,
@@ -1052,6 +1118,42 @@ async fn cleanup(fc: &ForeignCluster, fctx: &FcCtx) -> Result<Action, Error> {
     }
     tracing::info!(remote = %remote, "unpeered");
     Ok(Action::await_change())
+}
+
+/// Offloading goes before the identity: deletes this cluster's ResourceSlices for `remote`
+/// (their reconciler removes the virtual nodes and the provider's copies while the identity
+/// still works) and says how many are left, `None` once there are none.
+async fn withdraw_slices(fctx: &FcCtx, remote: &ClusterId) -> Result<Option<usize>, Error> {
+    let ns = names::tenant_namespace(remote);
+    let api: Api<ResourceSlice> = Api::namespaced(fctx.ctx.client.clone(), &ns);
+    let this = fctx.ctx.cluster_id().as_str();
+    let slices = match api.list(&ListParams::default()).await {
+        Ok(l) => l.items,
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => return Ok(None),
+        Err(e) => return Err(Error::kube(format!("listing ResourceSlices in {ns}"))(e)),
+    };
+    let ours: Vec<&ResourceSlice> = slices
+        .iter()
+        .filter(|s| s.spec.consumer_cluster_id == this)
+        .collect();
+    if ours.is_empty() {
+        return Ok(None);
+    }
+    for s in &ours {
+        if s.metadata.deletion_timestamp.is_none() {
+            let name = s.metadata.name.clone().unwrap_or_default();
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    return Err(Error::kube(format!("deleting ResourceSlice {ns}/{name}"))(
+                        e,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(Some(ours.len()))
 }
 
 /// The first identity: authenticate with the token. `Err` carries the outcome to report.

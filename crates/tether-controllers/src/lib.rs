@@ -9,15 +9,19 @@
 pub mod auth;
 pub mod context;
 pub mod foreign_cluster;
+pub mod https;
 pub mod identity;
 pub mod kubeconfig;
 pub mod metrics;
 pub mod namespaces;
 pub mod network;
+pub mod offloading;
+pub mod providers;
 pub mod publisher;
 pub mod run;
 pub mod tenant;
 pub mod tokens;
+pub mod webhook;
 
 mod error;
 

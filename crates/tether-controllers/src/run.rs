@@ -26,6 +26,7 @@ use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::network::configuration::{self, NetCtx};
 use crate::network::gateway;
+use crate::offloading::OffCtx;
 use crate::{Error, publisher, tenant, tokens};
 
 /// A started controller replica: identity loaded, authentication service listening,
@@ -72,6 +73,44 @@ pub async fn start(
     tracing::info!(%auth_addr, "authentication service listening");
     let leader = Arc::new(AtomicBool::new(false));
     let mut tasks = vec![tokio::spawn(serve)];
+    if let Some(listen) = ctx.settings.webhook_listen {
+        let cert = crate::webhook::WebhookCert::load_or_create(
+            ctx.client.clone(),
+            &ctx.settings.namespace,
+        )
+        .await?;
+        let (addr, serve) =
+            crate::webhook::serve(ctx.clone(), &cert, listen, shutdown.clone()).await?;
+        tracing::info!(%addr, "admission webhook listening");
+        tasks.push(tokio::spawn(serve));
+        let client = ctx.client.clone();
+        let shutdown = shutdown.clone();
+        // The configuration is `tether install`'s; its caBundle is ours, and a re-install
+        // may drop it, so it is checked again now and then.
+        tasks.push(tokio::spawn(async move {
+            loop {
+                match crate::webhook::publish_ca(&client, &cert).await {
+                    Ok(true) => tracing::info!("webhook CA published"),
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(error = %e, "publishing the webhook CA failed"),
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(30)) => {}
+                }
+            }
+        }));
+    }
+    if let Some(listen) = ctx.settings.kubelet_listen {
+        // Every replica serves it: the API server calls whichever pod IP the Nodes publish,
+        // and each request only reads objects and calls providers.
+        let providers = Arc::new(crate::providers::ProviderClients::default());
+        let (addr, serve) =
+            crate::offloading::kubelet::serve(ctx.clone(), providers, listen, shutdown.clone())
+                .await?;
+        tracing::info!(%addr, "virtual kubelet API listening");
+        tasks.push(tokio::spawn(serve));
+    }
     {
         let ctx = ctx.clone();
         let leader = leader.clone();
@@ -104,6 +143,7 @@ impl Replica {
         let ctx = self.ctx.clone();
         let client = ctx.client.clone();
         let fctx = Arc::new(FcCtx::new(ctx.clone()));
+        let providers = fctx.clients.clone();
         let fcs: Api<ForeignCluster> = Api::all(client.clone());
         let tenants: Api<Tenant> = Api::all(client.clone());
         let fc_controller = Controller::new(fcs, watcher::Config::default()).watches(
@@ -142,6 +182,8 @@ impl Replica {
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(gateway::reconcile_client, net_error_policy, nctx.clone())
         .for_each(|_| async {});
+        let off_run =
+            crate::offloading::run(Arc::new(OffCtx::new(ctx.clone(), providers)), stop.clone());
         let housekeeping = {
             let ctx = ctx.clone();
             let stop = stop.clone();
@@ -172,6 +214,7 @@ impl Replica {
             conf_run,
             server_run,
             client_run,
+            off_run,
             housekeeping
         );
         self.leader.store(false, Ordering::Relaxed);

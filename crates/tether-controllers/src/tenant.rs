@@ -133,15 +133,7 @@ pub async fn reconcile(tenant: Arc<Tenant>, ctx: Arc<Ctx>) -> Result<Action, Err
         }
     })
     .await;
-    let result = result.map_err(|e| match e {
-        kube::runtime::finalizer::Error::ApplyFailed(e)
-        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
-        kube::runtime::finalizer::Error::AddFinalizer(e)
-        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => {
-            Error::kube("updating the Tenant's finalizers")(e)
-        }
-        other => Error::Invalid(format!("Tenant finalizer: {other}")),
-    });
+    let result = result.map_err(Error::finalizer("Tenant"));
     ctx.metrics
         .reconciled("tenant", result.as_ref().err(), started.elapsed());
     result

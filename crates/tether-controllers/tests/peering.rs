@@ -100,6 +100,10 @@ impl Side {
             auth_url: Some("https://127.0.0.1:1".into()),
             ping_interval: Duration::from_secs(2),
             gateway_image: objects::IMAGE.into(),
+            pod_ip: None,
+            webhook_listen: None,
+            kubelet_listen: None,
+            resource_enforcement: tether_resources::Enforcement::Soft,
         };
         let stop = CancellationToken::new();
         let id = ClusterId::new(id).expect("id");

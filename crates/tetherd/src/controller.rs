@@ -54,6 +54,23 @@ pub(crate) struct ControllerArgs {
     /// controller's own; `tether install` sets it).
     #[arg(long, env = "TETHER_GATEWAY_IMAGE", default_value = objects::IMAGE)]
     gateway_image: String,
+    /// Where the admission webhook listens (HTTPS), which places pods of offloaded
+    /// namespaces.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    webhook_listen: SocketAddr,
+    /// Where the virtual nodes' kubelet API listens (HTTPS): the API server sends `kubectl
+    /// logs`, `exec`, `attach` and `port-forward` on offloaded pods here.
+    #[arg(long, default_value = "0.0.0.0:10250")]
+    kubelet_listen: SocketAddr,
+    /// This pod's IP: the address virtual nodes publish for their kubelet API (the
+    /// Deployment sets it from the downward API).
+    #[arg(long, env = "POD_IP")]
+    pod_ip: Option<String>,
+    /// How strictly consumers' offloaded pods are held to the resources granted to them:
+    /// `none` (admit every pod), `soft` (pods must request cpu and memory, within the grant),
+    /// `hard` (as soft, and limits must equal requests).
+    #[arg(long, default_value = "soft", value_name = "none|soft|hard")]
+    resource_enforcement: tether_resources::Enforcement,
     /// Elect a leader through a Lease, so several replicas are safe.
     #[arg(long, default_value_t = true, action = ArgAction::Set)]
     leader_election: bool,
@@ -148,6 +165,10 @@ async fn run(args: ControllerArgs, cluster_id: ClusterId) -> anyhow::Result<()> 
         auth_url: args.auth_url.clone(),
         ping_interval: args.ping_interval,
         gateway_image: args.gateway_image.clone(),
+        pod_ip: args.pod_ip.clone(),
+        resource_enforcement: args.resource_enforcement,
+        webhook_listen: Some(args.webhook_listen),
+        kubelet_listen: Some(args.kubelet_listen),
     };
     let (replica, tasks) = tether_controllers::run::start(
         client,

@@ -4,15 +4,12 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use axum::extract::{ConnectInfo, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::issuer::{self, Refusal};
@@ -179,57 +176,12 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), Error> {
-    let listener = TcpListener::bind(addr).await.map_err(Error::io(format!(
-        "listening on {addr} for the authentication service"
-    )))?;
-    let local = listener
-        .local_addr()
-        .map_err(Error::io("reading the authentication listener's address"))?;
-    let acceptor = TlsAcceptor::from(Arc::new(cert.server_config()?));
-    let app = router(ctx);
-    let fut = async move {
-        loop {
-            let (tcp, peer) = tokio::select! {
-                () = shutdown.cancelled() => break,
-                r = listener.accept() => match r {
-                    Ok(x) => x,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting an authentication connection failed");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    }
-                },
-            };
-            let acceptor = acceptor.clone();
-            let app = app.clone();
-            tokio::spawn(async move {
-                let tls = match tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp))
-                    .await
-                {
-                    Ok(Ok(t)) => t,
-                    Ok(Err(e)) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                let svc = hyper::service::service_fn(
-                    move |mut req: hyper::Request<hyper::body::Incoming>| {
-                        req.extensions_mut().insert(ConnectInfo(peer));
-                        let mut app = app.clone();
-                        async move { tower::Service::call(&mut app, req).await }
-                    },
-                );
-                let conn = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
-                .await;
-                if let Err(e) = conn {
-                    tracing::debug!(%peer, error = %e, "authentication connection ended with an error");
-                }
-            });
-        }
-    };
-    Ok((local, fut))
+    crate::https::serve(
+        "the authentication service",
+        addr,
+        cert.server_config()?,
+        router(ctx),
+        shutdown,
+    )
+    .await
 }

@@ -1,0 +1,132 @@
+//! The offloading module: resource negotiation over ResourceSlices (a consumer asks, its
+//! provider grants what it can really give, all or nothing) and the virtual nodes that show
+//! a grant as a Node of the consumer, each run by a task of this process, with the pod
+//! reflection that runs a virtual node's pods at its provider, and the namespaces offloaded
+//! to providers; and, on the provider, the twin namespaces consumers ask for and the
+//! ShadowPods they hold there.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use tether_api::ClusterId;
+use tether_api::authentication::ResourceSlice;
+use tether_api::names::{self, labels};
+use tether_api::offloading::{NamespaceOffloading, ShadowPod, VirtualNode};
+use tokio_util::sync::CancellationToken;
+
+use crate::Error;
+use crate::context::Ctx;
+use crate::providers::ProviderClients;
+
+pub mod kubelet;
+pub mod namespaces;
+pub mod placement;
+pub mod pods;
+pub mod reflect;
+pub mod shadow_pods;
+pub mod slices;
+pub mod translate;
+pub mod twins;
+pub mod virtual_nodes;
+
+/// State of the offloading reconcilers.
+pub struct OffCtx {
+    /// Shared controller state.
+    pub ctx: Arc<Ctx>,
+    /// Provider API clients, shared with the peering reconciler.
+    pub providers: Arc<ProviderClients>,
+    /// Serialises a provider's answers, so two requests never share the last capacity.
+    grant_lock: tokio::sync::Mutex<()>,
+    /// Serialises admissions of ShadowPods, so two pods never share the last of a grant.
+    admission_lock: tokio::sync::Mutex<()>,
+    /// The running virtual kubelets.
+    pub nodes: virtual_nodes::Tasks,
+}
+
+impl OffCtx {
+    /// State for one leader term.
+    pub fn new(ctx: Arc<Ctx>, providers: Arc<ProviderClients>) -> Self {
+        Self {
+            ctx,
+            providers,
+            grant_lock: tokio::sync::Mutex::new(()),
+            admission_lock: tokio::sync::Mutex::new(()),
+            nodes: virtual_nodes::Tasks::default(),
+        }
+    }
+}
+
+/// Runs the ResourceSlice and VirtualNode reconcilers until `stop`; then stops the virtual
+/// kubelets, leaving their Nodes to the next leader.
+pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
+    let client = octx.ctx.client.clone();
+    let slices = Controller::new(
+        Api::<ResourceSlice>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(slices::reconcile, error_policy, octx.clone())
+    .for_each(|_| async {});
+    let nodes = Controller::new(
+        Api::<VirtualNode>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(virtual_nodes::reconcile, error_policy, octx.clone())
+    .for_each(|_| async {});
+    let offloaded = Controller::new(
+        Api::<NamespaceOffloading>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(namespaces::reconcile, error_policy, octx.clone())
+    .for_each(|_| async {});
+    // A twin namespace that goes (by hand) brings its request back to be made again.
+    let twins = Controller::new(
+        Api::<NamespaceOffloading>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<Namespace>::all(client.clone()),
+        watcher::Config::default().labels(labels::ORIGIN_NAMESPACE),
+        |ns: Namespace| {
+            let consumer = ClusterId::new(ns.labels().get(labels::REMOTE_CLUSTER_ID)?).ok()?;
+            let origin = ns.labels().get(labels::ORIGIN_NAMESPACE)?;
+            Some(ObjectRef::new(origin).within(&names::tenant_namespace(&consumer)))
+        },
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(twins::reconcile, error_policy, octx.clone())
+    .for_each(|_| async {});
+    let selector = format!("{}={}", labels::TETHER_MANAGED_BY, labels::SHADOW_POD);
+    let shadow_pods = Controller::new(
+        Api::<ShadowPod>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default().labels(&selector),
+    )
+    .graceful_shutdown_on(stop.clone().cancelled_owned())
+    .run(shadow_pods::reconcile, error_policy, octx.clone())
+    .for_each(|_| async {});
+    let reflection = reflect::run(octx.clone(), stop.clone());
+    tokio::join!(slices, nodes, offloaded, twins, shadow_pods, reflection);
+    octx.nodes.stop_all().await;
+}
+
+fn error_policy<K: kube::Resource<DynamicType = ()>>(
+    k: Arc<K>,
+    e: &Error,
+    _: Arc<OffCtx>,
+) -> Action {
+    tracing::warn!(kind = %K::kind(&()), name = %k.name_any(), error = %e, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(3))
+}

@@ -1,0 +1,383 @@
+//! Pod reflection for one virtual node: each pod the consumer's scheduler binds to the node
+//! becomes a ShadowPod in the provider's twin of its namespace, the provider's pod status
+//! comes back with its addresses in this cluster's view, and deletion goes both ways (the
+//! local pod is removed for good only once the provider's is gone). This is the kubelet's
+//! job for a virtual node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use tether_api::ClusterId;
+use tether_api::names::{self, labels};
+use tether_api::networking::Configuration;
+use tether_api::offloading::{NamespaceOffloading, ShadowPod, ShadowPodSpec};
+use tokio_util::sync::CancellationToken;
+
+use super::OffCtx;
+use super::translate::{self, PodView};
+use crate::Error;
+use crate::context::FIELD_MANAGER;
+
+/// How often a pod that is not yet running (or being deleted) is compared with its
+/// provider's copy.
+const SETTLING: Duration = Duration::from_secs(2);
+/// How often a running pod is.
+const STEADY: Duration = Duration::from_secs(30);
+/// Annotation on a ShadowPod: the UID of the consumer's pod it stands for.
+pub const ORIGIN_UID: &str = "tether.dev/origin-uid";
+
+/// What one node's reflector works with.
+struct Node {
+    octx: Arc<OffCtx>,
+    name: String,
+    provider: ClusterId,
+}
+
+/// A running reflector; stops when dropped or stopped.
+pub struct Reflector {
+    stop: CancellationToken,
+}
+
+impl Reflector {
+    /// Starts reflecting the pods bound to `node`, which `provider` runs.
+    pub fn spawn(octx: Arc<OffCtx>, node: &str, provider: ClusterId) -> Self {
+        let stop = CancellationToken::new();
+        let pods: Api<Pod> = Api::all(octx.ctx.client.clone());
+        let ctx = Arc::new(Node {
+            octx,
+            name: node.to_owned(),
+            provider,
+        });
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let run = Controller::new(pods, config)
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(reflect, error_policy, ctx)
+            .for_each(|_| async {});
+        tokio::spawn(run);
+        Self { stop }
+    }
+
+    /// Stops the reflector; the pods stay as they are.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+impl Drop for Reflector {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn error_policy(pod: Arc<Pod>, e: &Error, node: Arc<Node>) -> Action {
+    tracing::warn!(node = %node.name, pod = %pod.name_any(), error = %e, "reflecting a pod failed; retrying");
+    Action::requeue(Duration::from_secs(3))
+}
+
+async fn reflect(pod: Arc<Pod>, node: Arc<Node>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = reflect_one(&pod, &node).await;
+    node.octx
+        .ctx
+        .metrics
+        .reconciled("pod-reflection", result.as_ref().err(), started.elapsed());
+    result
+}
+
+/// The twin of `ns` at `provider`, once the provider made it.
+pub(super) async fn twin_of(
+    client: &kube::Client,
+    ns: &str,
+    provider: &ClusterId,
+) -> Result<Result<String, String>, Error> {
+    let no = Api::<NamespaceOffloading>::namespaced(client.clone(), ns)
+        .get_opt(super::namespaces::NAME)
+        .await
+        .map_err(Error::kube(format!(
+            "reading the NamespaceOffloading of {ns}"
+        )))?;
+    let Some(no) = no else {
+        return Ok(Err(format!(
+            "namespace {ns} is not offloaded; `tether offload namespace {ns}` does it"
+        )));
+    };
+    let st = no.status.unwrap_or_default();
+    let ready = st
+        .remote_namespaces_conditions
+        .get(provider.as_str())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match (ready, st.remote_namespace_name) {
+        (Some(c), Some(name)) if c.status == "True" => Ok(Ok(name)),
+        (Some(c), _) => Ok(Err(format!(
+            "namespace {ns} is not ready at {provider}: {}",
+            c.message
+        ))),
+        (None, _) => Ok(Err(format!(
+            "namespace {ns} is not offloaded to {provider} (its cluster selector leaves it out)"
+        ))),
+    }
+}
+
+async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
+    let ctx = &node.octx.ctx;
+    let ns = pod.namespace().unwrap_or_default();
+    let name = pod.name_any();
+    let local: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let access = node
+        .octx
+        .providers
+        .access(&ctx.client, &node.provider)
+        .await?;
+    let twin = twin_of(&ctx.client, &ns, &node.provider).await?;
+    if pod.metadata.deletion_timestamp.is_some() {
+        // Gone at the provider first (or never there), then here for good.
+        if let (Some(access), Ok(twin)) = (&access, &twin) {
+            let remote: Api<ShadowPod> = Api::namespaced(access.client.clone(), twin);
+            match remote.get_opt(&name).await {
+                Ok(Some(sp)) => {
+                    if sp.metadata.deletion_timestamp.is_none() {
+                        remote
+                            .delete(&name, &DeleteParams::foreground())
+                            .await
+                            .map_err(Error::kube(format!(
+                                "deleting ShadowPod {twin}/{name} at {}",
+                                node.provider
+                            )))?;
+                    }
+                    return Ok(Action::requeue(Duration::from_millis(500)));
+                }
+                Ok(None) => {}
+                Err(kube::Error::Api(e)) if e.code == 403 => {}
+                Err(e) => {
+                    return Err(Error::kube(format!(
+                        "reading ShadowPod {twin}/{name} at {}",
+                        node.provider
+                    ))(e));
+                }
+            }
+        }
+        let params = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: pod.metadata.uid.clone().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match local.delete(&name, &params).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+            Err(e) => return Err(Error::kube(format!("deleting pod {ns}/{name}"))(e)),
+        }
+        return Ok(Action::await_change());
+    }
+    let (access, twin) = match (access, twin) {
+        (Some(a), Ok(t)) => (a, t),
+        (None, _) => {
+            let why = format!("no identity issued by {} (not peered?)", node.provider);
+            set_waiting(&local, pod, "OffloadingBackOff", &why).await?;
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+        (_, Err(why)) => {
+            set_waiting(&local, pod, "OffloadingBackOff", &why).await?;
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+    };
+    let remote: Api<ShadowPod> = Api::namespaced(access.client.clone(), &twin);
+    let wanted = shadow_pod(pod, node, ctx.cluster_id());
+    let current = match tokio::time::timeout(Duration::from_secs(5), remote.get_opt(&name)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            return Err(Error::kube(format!(
+                "reading ShadowPod {twin}/{name} at {}",
+                node.provider
+            ))(e));
+        }
+        Err(_) => {
+            // The provider is unreachable: the pod keeps its last known status (it keeps
+            // running there); the virtual node's Ready condition says what is wrong.
+            return Ok(Action::requeue(Duration::from_secs(5)));
+        }
+    };
+    let stale = current.as_ref().is_none_or(|c| {
+        c.spec != wanted.spec
+            || c.metadata.labels != wanted.metadata.labels
+            || c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ORIGIN_UID))
+                != wanted
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ORIGIN_UID))
+    });
+    let current = if stale {
+        let written = remote
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&wanted),
+            )
+            .await
+            .map_err(Error::kube(format!(
+                "writing ShadowPod {twin}/{name} at {}",
+                node.provider
+            )))?;
+        tracing::debug!(pod = %name, namespace = %ns, twin = %twin, "shadow pod written");
+        written
+    } else {
+        current.expect("not stale, so present")
+    };
+    let st = current.status.unwrap_or_default();
+    if st.phase.as_deref() == Some("Rejected") {
+        let c = st.conditions.iter().find(|c| c.type_ == "Ready");
+        let reason = c.map_or("Rejected", |c| c.reason.as_str());
+        let message = format!(
+            "{} refused to run this pod: {}",
+            node.provider,
+            c.map_or("", |c| c.message.as_str())
+        );
+        set_waiting(&local, pod, reason, &message).await?;
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    let Some(remote_status) = st.pod else {
+        set_waiting(
+            &local,
+            pod,
+            "",
+            &format!("waiting for {} to start the pod", node.provider),
+        )
+        .await?;
+        return Ok(Action::requeue(SETTLING));
+    };
+    let view = pod_view(&ctx.client, &node.provider).await?;
+    let status = translate::local_status(&remote_status, &view, ctx.settings.pod_ip.as_deref());
+    write_status(&local, pod, status.clone()).await?;
+    let ready = status
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
+        .is_some_and(|c| c.status == "True");
+    Ok(Action::requeue(if ready { STEADY } else { SETTLING }))
+}
+
+/// The ShadowPod standing for `pod`.
+fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId) -> ShadowPod {
+    let mut lbls = pod.labels().clone();
+    lbls.insert(labels::VIRTUAL_NODE.to_owned(), node.name.clone());
+    let annotations = pod
+        .metadata
+        .uid
+        .clone()
+        .map(|uid| BTreeMap::from([(ORIGIN_UID.to_owned(), uid)]));
+    ShadowPod {
+        metadata: kube::api::ObjectMeta {
+            name: Some(pod.name_any()),
+            labels: Some(lbls),
+            annotations,
+            ..Default::default()
+        },
+        spec: ShadowPodSpec {
+            consumer_cluster_id: consumer.as_str().to_owned(),
+            pod: translate::shadow_spec(&pod.spec.clone().unwrap_or_default()),
+        },
+        status: None,
+    }
+}
+
+/// How this cluster addresses `provider`'s pods, from the networking module's Configuration
+/// (no remap known: addresses are shown as the provider has them).
+async fn pod_view(client: &kube::Client, provider: &ClusterId) -> Result<PodView, Error> {
+    let ns = names::tenant_namespace(provider);
+    let conf = match Api::<Configuration>::namespaced(client.clone(), &ns)
+        .get_opt(provider.as_str())
+        .await
+    {
+        Ok(c) => c,
+        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => None,
+        Err(e) => {
+            return Err(Error::kube(format!(
+                "reading Configuration {ns}/{provider}"
+            ))(e));
+        }
+    };
+    Ok(match conf {
+        Some(c) => {
+            let real = c.spec.remote.cidr.pod.clone();
+            let view = c
+                .status
+                .and_then(|s| s.remote)
+                .map(|r| r.cidr.pod)
+                .unwrap_or_else(|| real.clone());
+            PodView::new(&real, &view)
+        }
+        None => PodView::default(),
+    })
+}
+
+/// Shows a pod that cannot run remotely yet as Pending, with why.
+async fn set_waiting(
+    local: &Api<Pod>,
+    pod: &Pod,
+    reason: &str,
+    message: &str,
+) -> Result<(), Error> {
+    let old = pod.status.clone().unwrap_or_default();
+    let mut st = PodStatus {
+        phase: Some("Pending".into()),
+        conditions: Some(vec![PodCondition {
+            type_: "PodScheduled".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    };
+    if !reason.is_empty() {
+        st.reason = Some(reason.to_owned());
+    }
+    st.message = Some(message.to_owned());
+    if old.phase == st.phase && old.reason == st.reason && old.message == st.message {
+        return Ok(());
+    }
+    // Keep the transition time the scheduler wrote.
+    if let Some(prev) = old
+        .conditions
+        .as_ref()
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "PodScheduled"))
+        && let Some(cs) = st.conditions.as_mut()
+    {
+        cs[0] = prev.clone();
+    }
+    write_status(local, pod, st).await
+}
+
+async fn write_status(local: &Api<Pod>, pod: &Pod, status: PodStatus) -> Result<(), Error> {
+    if pod.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let name = pod.name_any();
+    let mut next = pod.clone();
+    next.status = Some(status);
+    // Managed fields are the server's to keep.
+    next.metadata.managed_fields = None;
+    match local
+        .replace_status(&name, &kube::api::PostParams::default(), &next)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Changed meanwhile (its next version is reconciled) or gone.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(format!(
+            "writing the status of pod {}/{name}",
+            pod.namespace().unwrap_or_default()
+        ))(e)),
+    }
+}

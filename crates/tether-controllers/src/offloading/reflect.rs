@@ -1,0 +1,391 @@
+//! Reflection of an offloaded namespace into its twins: the consumer's controller keeps, in the
+//! twin at every provider where the namespace is Ready, copies of the namespace's ConfigMaps,
+//! Secrets and Services, and EndpointSlices listing this cluster's own pods behind each
+//! Service in the provider's view of this cluster's pod CIDR, so that one Service serves the
+//! pods of both clusters from either side. `plan` decides; this module loads and applies,
+//! with the tenant identity the provider issued.
+
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tether_api::ClusterId;
+use tether_api::names::{TENANT_NAMESPACE_PREFIX, labels};
+use tether_api::networking::Configuration;
+use tether_api::offloading::NamespaceOffloading;
+use tokio_util::sync::CancellationToken;
+
+use super::OffCtx;
+use super::namespaces::NAME;
+use super::translate::PodView;
+use crate::Error;
+use crate::providers::Access;
+
+pub mod plan;
+
+use plan::Op;
+
+/// The field manager of the copies.
+const MANAGER: &str = "tether-reflection";
+/// How often a Ready namespace is compared with its twins without a local change (the
+/// provider's Events are not watched: this is how soon they show here).
+const RESYNC: Duration = Duration::from_secs(10);
+/// How long one call to a provider may take.
+const CALL: Duration = Duration::from_secs(5);
+
+/// Runs the reflection until `stop`: one reconcile per offloaded namespace, on a change of its
+/// NamespaceOffloading or of any reflected kind in it.
+pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
+    let client = octx.ctx.client.clone();
+    fn to_namespace<K: Resource>(k: K) -> Option<ObjectRef<NamespaceOffloading>> {
+        let ns = k.meta().namespace.clone()?;
+        (!ns.starts_with(TENANT_NAMESPACE_PREFIX)).then(|| ObjectRef::new(NAME).within(&ns))
+    }
+    Controller::new(
+        Api::<NamespaceOffloading>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<ConfigMap>::all(client.clone()),
+        watcher::Config::default(),
+        to_namespace,
+    )
+    .watches(
+        Api::<Secret>::all(client.clone()),
+        watcher::Config::default(),
+        to_namespace,
+    )
+    .watches(
+        Api::<Service>::all(client.clone()),
+        watcher::Config::default(),
+        to_namespace,
+    )
+    .watches(
+        Api::<EndpointSlice>::all(client.clone()),
+        watcher::Config::default(),
+        to_namespace,
+    )
+    .graceful_shutdown_on(stop.cancelled_owned())
+    .run(reconcile, error_policy, octx)
+    .for_each(|_| async {})
+    .await;
+}
+
+fn error_policy(no: Arc<NamespaceOffloading>, e: &Error, _: Arc<OffCtx>) -> Action {
+    tracing::warn!(namespace = %no.namespace().unwrap_or_default(), error = %e, "reflecting into a twin failed; retrying");
+    Action::requeue(Duration::from_secs(3))
+}
+
+async fn reconcile(no: Arc<NamespaceOffloading>, octx: Arc<OffCtx>) -> Result<Action, Error> {
+    let ns = no.namespace().unwrap_or_default();
+    // Requests in tenant namespaces are a provider's; a namespace being unoffloaded loses its
+    // twins, copies included.
+    if ns.starts_with(TENANT_NAMESPACE_PREFIX)
+        || no.name_any() != NAME
+        || no.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(Action::await_change());
+    }
+    let started = Instant::now();
+    let st = no.status.clone().unwrap_or_default();
+    let Some(twin) = st.remote_namespace_name.clone() else {
+        return Ok(Action::await_change());
+    };
+    let ready: Vec<ClusterId> = st
+        .remote_namespaces_conditions
+        .iter()
+        .filter(|(_, cs)| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+        .filter_map(|(p, _)| ClusterId::new(p).ok())
+        .collect();
+    let mut result = Ok(());
+    for provider in &ready {
+        if let Err(e) = reflect_into(&octx, &ns, &twin, provider).await {
+            tracing::warn!(namespace = %ns, provider = %provider, error = %e, "reflection failed");
+            result = Err(e);
+        }
+    }
+    octx.ctx
+        .metrics
+        .reconciled("reflection", result.as_ref().err(), started.elapsed());
+    result.map(|()| Action::requeue(RESYNC))
+}
+
+async fn list<K>(api: &Api<K>, what: &str) -> Result<Vec<K>, Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match tokio::time::timeout(CALL, api.list(&ListParams::default())).await {
+        Ok(r) => Ok(r.map_err(Error::kube(format!("listing {what}")))?.items),
+        Err(_) => Err(Error::Timeout(format!("listing {what}"))),
+    }
+}
+
+/// Brings the twin `twin` at `provider` in step with namespace `ns`.
+async fn reflect_into(
+    octx: &OffCtx,
+    ns: &str,
+    twin: &str,
+    provider: &ClusterId,
+) -> Result<(), Error> {
+    let ctx = &octx.ctx;
+    let Some(access) = octx.providers.access(&ctx.client, provider).await? else {
+        return Ok(());
+    };
+    let consumer = ctx.cluster_id().as_str();
+    let here = |what: &str| format!("{what} in {ns}");
+    let there = |what: &str| format!("{what} in {twin} at {provider}");
+
+    let cms = list(
+        &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
+        &here("ConfigMaps"),
+    )
+    .await?;
+    let remote = Api::<ConfigMap>::namespaced(access.client.clone(), twin);
+    let ops = plan::config_maps(&cms, &list(&remote, &there("ConfigMaps")).await?, consumer);
+    apply(octx, &remote, ops, "ConfigMap", twin).await?;
+
+    let secrets = list(
+        &Api::<Secret>::namespaced(ctx.client.clone(), ns),
+        &here("Secrets"),
+    )
+    .await?;
+    let remote = Api::<Secret>::namespaced(access.client.clone(), twin);
+    let ops = plan::secrets(&secrets, &list(&remote, &there("Secrets")).await?, consumer);
+    apply(octx, &remote, ops, "Secret", twin).await?;
+
+    let services = list(
+        &Api::<Service>::namespaced(ctx.client.clone(), ns),
+        &here("Services"),
+    )
+    .await?;
+    let remote = Api::<Service>::namespaced(access.client.clone(), twin);
+    let ops = plan::services(
+        &services,
+        &list(&remote, &there("Services")).await?,
+        consumer,
+    );
+    apply(octx, &remote, ops, "Service", twin).await?;
+
+    let virtual_nodes: BTreeSet<String> = Api::<Node>::all(ctx.client.clone())
+        .list(&ListParams::default().labels(&format!(
+            "{}={}",
+            labels::TYPE,
+            labels::TYPE_VIRTUAL_NODE
+        )))
+        .await
+        .map_err(Error::kube("listing virtual nodes"))?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect();
+    // Events only inform: their failure does not hold back the Services' endpoints.
+    if let Err(e) = copy_events(octx, ns, twin, provider, &access, &virtual_nodes).await {
+        tracing::warn!(namespace = %ns, provider = %provider, error = %e, "copying Events back failed");
+    }
+
+    let Some(view) = provider_view(&access, ctx.cluster_id(), provider).await? else {
+        // Without the provider's view of our pod CIDR no address can be written correctly;
+        // the copies already there stay until it is known.
+        return Ok(());
+    };
+    let slices = list(
+        &Api::<EndpointSlice>::namespaced(ctx.client.clone(), ns),
+        &here("EndpointSlices"),
+    )
+    .await?;
+    let remote = Api::<EndpointSlice>::namespaced(access.client.clone(), twin);
+    let ops = plan::slices(
+        &services,
+        &slices,
+        &list(&remote, &there("EndpointSlices")).await?,
+        &virtual_nodes,
+        &view,
+        consumer,
+    );
+    apply(octx, &remote, ops, "EndpointSlice", twin).await
+}
+
+/// How `provider` addresses this cluster's pods: the status of the Configuration this cluster
+/// keeps in its tenant namespace there, which the provider's Configuration reconciler fills
+/// with its remaps. `None` until the provider chose them.
+async fn provider_view(
+    access: &Access,
+    own: &ClusterId,
+    provider: &ClusterId,
+) -> Result<Option<PodView>, Error> {
+    let api = Api::<Configuration>::namespaced(access.client.clone(), &access.namespace);
+    let conf = match tokio::time::timeout(CALL, api.get_opt(own.as_str())).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            return Err(Error::kube(format!(
+                "reading Configuration {}/{own} at {provider}",
+                access.namespace
+            ))(e));
+        }
+        Err(_) => {
+            return Err(Error::Timeout(format!(
+                "reading Configuration {}/{own} at {provider}",
+                access.namespace
+            )));
+        }
+    };
+    Ok(conf.and_then(|c| {
+        let view = c.status?.remote?.cidr.pod;
+        Some(PodView::new(&c.spec.remote.cidr.pod, &view))
+    }))
+}
+
+/// Carries out `ops` in the twin; every op is counted by kind and outcome.
+async fn apply<K>(
+    octx: &OffCtx,
+    api: &Api<K>,
+    ops: Vec<Op<K>>,
+    kind: &'static str,
+    twin: &str,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + Debug,
+{
+    let metrics = &octx.ctx.metrics;
+    let mut first_error = None;
+    for op in ops {
+        let name = op.name();
+        let outcome = op.outcome();
+        let done = match &op {
+            Op::Apply(k) => api
+                .patch(
+                    &name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(k),
+                )
+                .await
+                .map(|_| ()),
+            Op::Recreate(k) => match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) | Err(kube::Error::Api(_)) => {
+                    api.create(&PostParams::default(), k).await.map(|_| ())
+                }
+                Err(e) => Err(e),
+            },
+            Op::Delete(_) => match api.delete(&name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            },
+            Op::Conflict(_) => {
+                tracing::debug!(kind, name = %name, twin, "an object of this name in the twin is not a reflected copy; left alone");
+                Ok(())
+            }
+        };
+        match done {
+            Ok(()) => {
+                metrics.reflected(kind, outcome);
+                if !matches!(op, Op::Conflict(_)) {
+                    tracing::debug!(kind, name = %name, twin, outcome, "reflected");
+                }
+            }
+            Err(e) => {
+                metrics.reflected(kind, "error");
+                if first_error.is_none() {
+                    first_error = Some(Error::kube(format!(
+                        "reflecting {kind} {name} into {twin} ({outcome})"
+                    ))(e));
+                }
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// What was last copied of each Event (namespace/name → its count and time), so an Event is
+/// written again only when it changed at the provider.
+static COPIED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+/// Copies the provider's Events about the pods it runs for `ns` back to `ns`.
+async fn copy_events(
+    octx: &OffCtx,
+    ns: &str,
+    twin: &str,
+    provider: &ClusterId,
+    access: &Access,
+    virtual_nodes: &BTreeSet<String>,
+) -> Result<(), Error> {
+    let ctx = &octx.ctx;
+    let remote = list(
+        &Api::<Event>::namespaced(access.client.clone(), twin),
+        &format!("Events in {twin} at {provider}"),
+    )
+    .await?;
+    let pods = list(
+        &Api::<Pod>::namespaced(ctx.client.clone(), ns),
+        &format!("pods in {ns}"),
+    )
+    .await?;
+    let wanted = plan::events(&remote, &pods, virtual_nodes, provider.as_str());
+    let local = Api::<Event>::namespaced(ctx.client.clone(), ns);
+    let fingerprint = |e: &Event| {
+        format!(
+            "{:?}/{:?}/{:?}",
+            e.series.as_ref().map(|s| s.count),
+            e.event_time,
+            e.regarding.as_ref().and_then(|r| r.uid.clone())
+        )
+    };
+    let keys: BTreeSet<String> = wanted
+        .iter()
+        .map(|e| format!("{ns}/{}", e.name_any()))
+        .collect();
+    let todo: Vec<&Event> = {
+        let mut copied = COPIED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Events expire at the provider; so does what is remembered of them.
+        copied.retain(|k, _| !k.starts_with(&format!("{ns}/")) || keys.contains(k));
+        wanted
+            .iter()
+            .filter(|e| copied.get(&format!("{ns}/{}", e.name_any())) != Some(&fingerprint(e)))
+            .collect()
+    };
+    for e in todo {
+        let name = e.name_any();
+        let written = match local.create(&PostParams::default(), e).await {
+            Err(kube::Error::Api(err)) if err.code == 409 => {
+                let patch = serde_json::json!({
+                    "series": e.series,
+                    "note": e.note,
+                    "regarding": e.regarding,
+                });
+                local
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map(|_| ())
+            }
+            other => other.map(|_| ()),
+        };
+        match written {
+            Ok(()) => {
+                ctx.metrics.reflected("Event", "applied");
+                COPIED
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(format!("{ns}/{name}"), fingerprint(e));
+            }
+            Err(err) => {
+                ctx.metrics.reflected("Event", "error");
+                tracing::debug!(namespace = %ns, event = %name, error = %err, "copying an Event back failed");
+            }
+        }
+    }
+    Ok(())
+}

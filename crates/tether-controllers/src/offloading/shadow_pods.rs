@@ -1,0 +1,710 @@
+//! The provider's ShadowPods: a consumer's pod held in its twin namespace here. Each is
+//! admitted once within the consumer's grant (serialised, so two pods never share the last
+//! of it), turned into a real Pod that this reconciler owns and recreates when anyone else
+//! deletes it, and reported back with the Pod's status. Nothing here waits on the consumer,
+//! so its pods keep running while it is unreachable.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use tether_api::authentication::ResourceSlice;
+use tether_api::conditions::{self, Status, Time, types};
+use tether_api::names::{self, labels};
+use tether_api::offloading::{ShadowPod, ShadowPodStatus};
+use tether_resources::{Admission, Enforcement, Resources};
+
+use super::OffCtx;
+use super::twins::{Refusal, tenant_refusal, twin_consumer};
+use crate::Error;
+
+/// `status.phase` of a ShadowPod the provider refused to run.
+pub const PHASE_REJECTED: &str = "Rejected";
+/// Annotation on a Pod: the digest of the ShadowPod spec it was made from, images left out
+/// (images are the one thing an update of a Pod carries).
+pub const SPEC_DIGEST: &str = "tether.dev/shadow-pod-spec";
+
+/// Rejections that a later look may lift without the ShadowPod changing (the consumer peers
+/// again, an admin makes the tenant active, the other Pod goes).
+const TRANSIENT: [&str; 3] = ["UnknownConsumer", "TenantNotActive", "PodNameTaken"];
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn terminal(phase: &str) -> bool {
+    phase == "Succeeded" || phase == "Failed"
+}
+
+/// What in a pod spec a consumer may not ask of this cluster: the host's namespaces, files
+/// and privileges, or a node of its choosing.
+pub fn forbidden(spec: &PodSpec) -> Vec<String> {
+    let mut out = Vec::new();
+    for (set, field) in [
+        (spec.host_network, "spec.hostNetwork"),
+        (spec.host_pid, "spec.hostPID"),
+        (spec.host_ipc, "spec.hostIPC"),
+    ] {
+        if set == Some(true) {
+            out.push(field.to_owned());
+        }
+    }
+    if spec.node_name.as_deref().is_some_and(|n| !n.is_empty()) {
+        out.push("spec.nodeName".to_owned());
+    }
+    for v in spec.volumes.iter().flatten() {
+        if v.host_path.is_some() {
+            out.push(format!("volume {:?}: hostPath", v.name));
+        }
+    }
+    let containers = spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter());
+    for c in containers {
+        if c.security_context
+            .as_ref()
+            .and_then(|s| s.privileged)
+            .unwrap_or(false)
+        {
+            out.push(format!("container {:?}: privileged", c.name));
+        }
+    }
+    out
+}
+
+/// The digest of a pod spec with its images left out: two specs with the same digest differ
+/// at most in what a Pod update may change.
+pub fn spec_digest(spec: &PodSpec) -> String {
+    let mut s = spec.clone();
+    for c in s.init_containers.iter_mut().flatten() {
+        c.image = None;
+    }
+    for c in &mut s.containers {
+        c.image = None;
+    }
+    // A PodSpec always serialises (string keys, no non-finite floats).
+    let bytes = serde_json::to_vec(&s).unwrap_or_default();
+    let digest = ring::digest::digest(&ring::digest::SHA256, &bytes);
+    digest.as_ref()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `spec`'s containers' images by container name, init containers included.
+fn images(spec: &PodSpec) -> BTreeMap<String, Option<String>> {
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .map(|c| (c.name.clone(), c.image.clone()))
+        .collect()
+}
+
+/// The Pod for `sp`: same name and namespace, its labels plus the provider's marker, owned by
+/// it, with the spec it carries.
+pub fn pod_for(sp: &ShadowPod) -> Pod {
+    let mut l = sp.labels().clone();
+    l.insert(
+        labels::TETHER_MANAGED_BY.to_owned(),
+        labels::SHADOW_POD.to_owned(),
+    );
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(sp.name_any()),
+            namespace: sp.namespace(),
+            labels: Some(l),
+            annotations: Some(BTreeMap::from([(
+                SPEC_DIGEST.to_owned(),
+                spec_digest(&sp.spec.pod),
+            )])),
+            owner_references: sp.meta().uid.clone().map(|uid| {
+                vec![OwnerReference {
+                    api_version: "offloading.tether.dev/v1alpha1".into(),
+                    kind: "ShadowPod".into(),
+                    name: sp.name_any(),
+                    uid,
+                    controller: Some(true),
+                    block_owner_deletion: Some(true),
+                }]
+            }),
+            ..Default::default()
+        },
+        spec: Some(sp.spec.pod.clone()),
+        status: None,
+    }
+}
+
+/// The ShadowPod's status once refused: phase `Rejected`, no Pod, `Ready` False with why.
+pub fn rejected(
+    previous: Option<&ShadowPodStatus>,
+    (reason, message): (&str, String),
+    generation: Option<i64>,
+    at: Time,
+) -> ShadowPodStatus {
+    let mut next = previous.cloned().unwrap_or_default();
+    next.phase = Some(PHASE_REJECTED.to_owned());
+    next.pod = None;
+    conditions::set(
+        &mut next.conditions,
+        types::READY,
+        Status::False,
+        reason,
+        message,
+        generation,
+        at,
+    );
+    next
+}
+
+/// The ShadowPod's status mirroring its Pod's: the phase, the whole Pod status, and `Ready`
+/// as the Pod's `Ready` condition says.
+pub fn mirrored(
+    previous: Option<&ShadowPodStatus>,
+    pod: Option<&PodStatus>,
+    generation: Option<i64>,
+    at: Time,
+) -> ShadowPodStatus {
+    let mut next = previous.cloned().unwrap_or_default();
+    let phase = pod
+        .and_then(|p| p.phase.clone())
+        .unwrap_or_else(|| "Pending".to_owned());
+    let ready = pod
+        .and_then(|p| p.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    let (status, reason, message) = match ready {
+        Some(c) => {
+            let status = match c.status.as_str() {
+                "True" => Status::True,
+                "False" => Status::False,
+                _ => Status::Unknown,
+            };
+            let reason = match (c.reason.as_deref(), status) {
+                (Some(r), _) if !r.is_empty() => r.to_owned(),
+                (_, Status::True) => "PodReady".to_owned(),
+                _ => "PodNotReady".to_owned(),
+            };
+            let message = c
+                .message
+                .clone()
+                .filter(|m| !m.is_empty())
+                .unwrap_or_else(|| format!("the pod is {phase}"));
+            (status, reason, message)
+        }
+        None => (
+            Status::False,
+            "PodNotReady".to_owned(),
+            format!("the pod is {phase} and reports no readiness yet"),
+        ),
+    };
+    next.phase = Some(phase);
+    next.pod = pod.cloned();
+    conditions::set(
+        &mut next.conditions,
+        types::READY,
+        status,
+        &reason,
+        message,
+        generation,
+        at,
+    );
+    next
+}
+
+/// Reconciles one ShadowPod.
+pub async fn reconcile(sp: Arc<ShadowPod>, octx: Arc<OffCtx>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let result = sync(&sp, &octx).await;
+    octx.ctx
+        .metrics
+        .reconciled("shadowpod", result.as_ref().err(), started.elapsed());
+    match result {
+        Err(e) if e.api_status() == Some(409) => Ok(Action::requeue(Duration::from_millis(200))),
+        other => other,
+    }
+}
+
+async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
+    // Its Pod goes with it (owner reference).
+    if sp.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let client = &octx.ctx.client;
+    let ns = sp.namespace().unwrap_or_default();
+    let name = sp.name_any();
+    let consumer = sp.spec.consumer_cluster_id.as_str();
+    let namespace = Api::<Namespace>::all(client.clone())
+        .get_opt(&ns)
+        .await
+        .map_err(Error::kube(format!("reading namespace {ns}")))?;
+    match namespace.as_ref().and_then(twin_consumer) {
+        None => {
+            let message = format!(
+                "namespace {ns} is not a twin namespace; a consumer's ShadowPods belong in the \
+                 namespace its NamespaceOffloading request got (status.remoteNamespaceName)"
+            );
+            return reject(octx, sp, ("WrongNamespace", message)).await;
+        }
+        Some(owner) if owner != consumer => {
+            let message = format!(
+                "namespace {ns} is the twin namespace of {owner}, not of spec.consumerClusterID \
+                 {consumer}"
+            );
+            return reject(octx, sp, ("WrongNamespace", message)).await;
+        }
+        Some(_) => {}
+    }
+    if namespace.is_some_and(|n| n.metadata.deletion_timestamp.is_some()) {
+        return Ok(Action::await_change());
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let pod = pods
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("reading Pod {ns}/{name}")))?;
+    let Some(pod) = pod else {
+        return create(octx, sp).await;
+    };
+    let controller = pod
+        .owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true));
+    match controller {
+        Some(o) if Some(&o.uid) == sp.meta().uid.as_ref() => {}
+        // The Pod of an earlier ShadowPod of that name: the garbage collector removes it.
+        Some(o) if o.kind == "ShadowPod" => return Ok(Action::requeue(Duration::from_secs(1))),
+        _ => {
+            let message = format!(
+                "a Pod {ns}/{name} exists that no ShadowPod owns; it stays, and this ShadowPod \
+                 runs once it is gone"
+            );
+            reject(octx, sp, ("PodNameTaken", message)).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    }
+    report(
+        octx,
+        sp,
+        mirrored(
+            sp.status.as_ref(),
+            pod.status.as_ref(),
+            sp.metadata.generation,
+            now(),
+        ),
+    )
+    .await?;
+    if pod.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let wanted = spec_digest(&sp.spec.pod);
+    if pod.annotations().get(SPEC_DIGEST) != Some(&wanted) {
+        // More changed than a Pod update carries: a new Pod, admitted again once this is gone.
+        tracing::info!(pod = %name, namespace = %ns, "the ShadowPod's spec changed; recreating its Pod");
+        match pods.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(Error::kube(format!("deleting Pod {ns}/{name}"))(e)),
+        }
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let want_images = images(&sp.spec.pod);
+    if pod.spec.as_ref().map(images).as_ref() != Some(&want_images) {
+        let mut next = pod.clone();
+        if let Some(spec) = next.spec.as_mut() {
+            for c in spec
+                .init_containers
+                .iter_mut()
+                .flatten()
+                .chain(spec.containers.iter_mut())
+            {
+                if let Some(image) = want_images.get(&c.name) {
+                    c.image.clone_from(image);
+                }
+            }
+        }
+        pods.replace(&name, &PostParams::default(), &next)
+            .await
+            .map_err(Error::kube(format!(
+                "updating the images of Pod {ns}/{name}"
+            )))?;
+    }
+    Ok(Action::await_change())
+}
+
+/// Admits `sp` within its consumer's grant and creates its Pod, or rejects it. Serialised:
+/// each decision sees every earlier one.
+async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
+    let client = &octx.ctx.client;
+    let ns = sp.namespace().unwrap_or_default();
+    let name = sp.name_any();
+    let status = sp.status.as_ref();
+    // A finished pod is not run again because its Pod was removed.
+    if status
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(terminal)
+    {
+        return Ok(Action::await_change());
+    }
+    // A refusal of this very spec stands until the spec changes.
+    if status.and_then(|s| s.phase.as_deref()) == Some(PHASE_REJECTED)
+        && let Some(c) = status.and_then(|s| conditions::find(&s.conditions, types::READY))
+        && c.observed_generation == sp.metadata.generation
+        && !TRANSIENT.contains(&c.reason.as_str())
+    {
+        return Ok(Action::await_change());
+    }
+    let _admissions = octx.admission_lock.lock().await;
+    // Re-read under the lock: the cached object may predate a decision just written.
+    let shadows: Api<ShadowPod> = Api::namespaced(client.clone(), &ns);
+    let Some(fresh) = shadows
+        .get_opt(&name)
+        .await
+        .map_err(Error::kube(format!("reading ShadowPod {ns}/{name}")))?
+    else {
+        return Ok(Action::await_change());
+    };
+    if fresh.meta().uid != sp.meta().uid || fresh.status != sp.status {
+        return Ok(Action::requeue(Duration::from_millis(100)));
+    }
+    let consumer = sp.spec.consumer_cluster_id.as_str();
+    if let Some(refusal) = tenant_refusal(client, consumer, true).await? {
+        reject(octx, sp, refusal).await?;
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
+    let bad = forbidden(&sp.spec.pod);
+    if !bad.is_empty() {
+        let message = format!(
+            "{} not allowed for an offloaded pod; remove it from the pod",
+            bad.join(", ")
+        );
+        return reject(octx, sp, ("ForbiddenSpec", message)).await;
+    }
+    let mode = octx.ctx.settings.resource_enforcement;
+    let grant = grant_of(octx, consumer).await?;
+    if mode != Enforcement::None && grant.is_empty() {
+        let message = format!(
+            "{consumer} holds no granted resources on this cluster; ask for some with a \
+             ResourceSlice first"
+        );
+        return reject(octx, sp, ("NoGrant", message)).await;
+    }
+    let in_use = in_use_of(octx, consumer, sp).await?;
+    if let Admission::Deny { reason, message } =
+        tether_resources::admit(&sp.spec.pod, &in_use, &grant, mode)
+    {
+        return reject(octx, sp, (reason, message)).await;
+    }
+    let created = match Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &pod_for(sp))
+        .await
+    {
+        Ok(p) => p,
+        Err(kube::Error::Api(e)) if e.code == 409 => {
+            return Ok(Action::requeue(Duration::from_millis(200)));
+        }
+        // The API server's own validation of the spec: the consumer's to fix.
+        Err(kube::Error::Api(e)) if e.code == 422 || e.code == 400 => {
+            let message = format!("the Pod was refused: {}; fix the pod's spec", e.message);
+            return reject(octx, sp, ("InvalidPod", message)).await;
+        }
+        Err(e) => return Err(Error::kube(format!("creating Pod {ns}/{name}"))(e)),
+    };
+    tracing::info!(pod = %name, namespace = %ns, %consumer, "offloaded pod admitted");
+    // Written before the lock goes, so the next decision counts this pod.
+    report(
+        octx,
+        sp,
+        mirrored(
+            sp.status.as_ref(),
+            created.status.as_ref(),
+            sp.metadata.generation,
+            now(),
+        ),
+    )
+    .await?;
+    Ok(Action::await_change())
+}
+
+/// What `consumer` holds here: the resources of its ResourceSlices this cluster granted
+/// (accepted, or kept from before a denied change).
+async fn grant_of(octx: &OffCtx, consumer: &str) -> Result<Resources, Error> {
+    let Ok(id) = tether_api::ClusterId::new(consumer) else {
+        return Ok(Resources::default());
+    };
+    let ns = names::tenant_namespace(&id);
+    let slices = Api::<ResourceSlice>::namespaced(octx.ctx.client.clone(), &ns)
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube(format!("listing ResourceSlices in {ns}")))?;
+    let this = octx.ctx.cluster_id().as_str();
+    let granted: Vec<Resources> = slices
+        .items
+        .iter()
+        .filter(|s| {
+            s.spec.provider_cluster_id == this
+                && s.spec.consumer_cluster_id == consumer
+                && s.metadata.deletion_timestamp.is_none()
+        })
+        .filter_map(|s| Resources::from_quantities(&s.status.as_ref()?.resources).ok())
+        .collect();
+    Ok(Resources::sum(&granted))
+}
+
+/// What `consumer`'s other admitted pods request: its ShadowPods in its twin namespaces that
+/// have a Pod, or were admitted, and have not finished.
+async fn in_use_of(octx: &OffCtx, consumer: &str, this: &ShadowPod) -> Result<Resources, Error> {
+    let client = &octx.ctx.client;
+    let twins: BTreeSet<String> = Api::<Namespace>::all(client.clone())
+        .list(&ListParams::default().labels(&format!("{}={consumer}", labels::REMOTE_CLUSTER_ID)))
+        .await
+        .map_err(Error::kube("listing namespaces"))?
+        .items
+        .iter()
+        .filter(|n| twin_consumer(n) == Some(consumer))
+        .map(ResourceExt::name_any)
+        .collect();
+    let selector = format!("{}={}", labels::TETHER_MANAGED_BY, labels::SHADOW_POD);
+    let pod_phases: HashMap<(String, String), String> = Api::<Pod>::all(client.clone())
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(Error::kube("listing offloaded Pods"))?
+        .items
+        .into_iter()
+        .map(|p| {
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.clone())
+                .unwrap_or_default();
+            ((p.namespace().unwrap_or_default(), p.name_any()), phase)
+        })
+        .collect();
+    let shadows = Api::<ShadowPod>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing ShadowPods"))?;
+    let mut used = Vec::new();
+    for s in &shadows.items {
+        let ns = s.namespace().unwrap_or_default();
+        if s.spec.consumer_cluster_id != consumer
+            || !twins.contains(&ns)
+            || s.meta().uid == this.meta().uid
+        {
+            continue;
+        }
+        let admitted = match pod_phases.get(&(ns, s.name_any())) {
+            Some(phase) => !terminal(phase),
+            None => s
+                .status
+                .as_ref()
+                .and_then(|st| st.phase.as_deref())
+                .is_some_and(|p| p != PHASE_REJECTED && !terminal(p)),
+        };
+        if admitted && let Ok(r) = tether_resources::pod_requests(&s.spec.pod) {
+            used.push(r);
+        }
+    }
+    Ok(Resources::sum(&used))
+}
+
+async fn reject(
+    octx: &OffCtx,
+    sp: &ShadowPod,
+    (reason, message): Refusal,
+) -> Result<Action, Error> {
+    let already = sp
+        .status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, types::READY))
+        .is_some_and(|c| c.reason == reason && c.message == message);
+    if !already {
+        tracing::info!(pod = %sp.name_any(), namespace = ?sp.namespace(), %reason, %message, "offloaded pod rejected");
+    }
+    let next = rejected(
+        sp.status.as_ref(),
+        (reason, message),
+        sp.metadata.generation,
+        now(),
+    );
+    report(octx, sp, next).await?;
+    Ok(Action::await_change())
+}
+
+async fn report(octx: &OffCtx, sp: &ShadowPod, next: ShadowPodStatus) -> Result<(), Error> {
+    if sp.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    let ns = sp.namespace().unwrap_or_default();
+    let mut obj = sp.clone();
+    obj.status = Some(next);
+    Api::<ShadowPod>::namespaced(octx.ctx.client.clone(), &ns)
+        .replace_status(&sp.name_any(), &PostParams::default(), &obj)
+        .await
+        .map_err(Error::kube(format!(
+            "writing the status of ShadowPod {ns}/{}",
+            sp.name_any()
+        )))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{
+        Container, HostPathVolumeSource, PodCondition, SecurityContext, Volume,
+    };
+
+    use super::*;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).expect("time"))
+    }
+
+    fn spec(image: &str) -> PodSpec {
+        PodSpec {
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some(image.into()),
+                args: Some(vec!["serve".into()]),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_digest_ignores_images_only() {
+        let a = spec("app:v1");
+        assert_eq!(spec_digest(&a), spec_digest(&spec("app:v2")));
+        let mut b = spec("app:v1");
+        b.containers[0].args = Some(vec!["other".into()]);
+        assert_ne!(spec_digest(&a), spec_digest(&b));
+        assert_ne!(images(&a), images(&spec("app:v2")));
+    }
+
+    #[test]
+    fn host_access_and_pinned_nodes_are_forbidden() {
+        assert!(forbidden(&spec("app")).is_empty());
+        let mut s = spec("app");
+        s.host_network = Some(true);
+        s.host_pid = Some(false);
+        s.node_name = Some("node-1".into());
+        s.volumes = Some(vec![Volume {
+            name: "root".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: "/".into(),
+                type_: None,
+            }),
+            ..Default::default()
+        }]);
+        s.containers[0].security_context = Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        });
+        assert_eq!(
+            forbidden(&s),
+            vec![
+                "spec.hostNetwork".to_owned(),
+                "spec.nodeName".to_owned(),
+                "volume \"root\": hostPath".to_owned(),
+                "container \"app\": privileged".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn status_mirrors_the_pod_and_a_rejection_drops_it() {
+        let running = PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some("10.244.1.5".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let s = mirrored(None, Some(&running), Some(1), t(10));
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!(s.pod.as_ref(), Some(&running));
+        let c = conditions::find(&s.conditions, types::READY).expect("ready");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "PodReady"));
+
+        let fresh = mirrored(None, None, Some(1), t(10));
+        assert_eq!(fresh.phase.as_deref(), Some("Pending"));
+        assert!(!conditions::is_true(&fresh.conditions, types::READY));
+
+        let mut unready = running;
+        unready.conditions = Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            reason: Some("ContainersNotReady".into()),
+            message: Some("containers with unready status: [app]".into()),
+            ..Default::default()
+        }]);
+        let s2 = mirrored(Some(&s), Some(&unready), Some(1), t(20));
+        let c = conditions::find(&s2.conditions, types::READY).expect("ready");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str(), c.message.as_str()),
+            (
+                "False",
+                "ContainersNotReady",
+                "containers with unready status: [app]"
+            )
+        );
+        assert_eq!(c.last_transition_time, t(20));
+
+        let r = rejected(
+            Some(&s2),
+            ("QuotaExceeded", "cpu: asked 2, in use 1, granted 2".into()),
+            Some(1),
+            t(30),
+        );
+        assert_eq!(r.phase.as_deref(), Some(PHASE_REJECTED));
+        assert_eq!(r.pod, None);
+        let c = conditions::find(&r.conditions, types::READY).expect("ready");
+        assert_eq!(c.reason, "QuotaExceeded");
+    }
+
+    #[test]
+    fn the_pod_carries_labels_owner_and_digest() {
+        let sp = ShadowPod {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                namespace: Some("shop-c1".into()),
+                uid: Some("uid-1".into()),
+                labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+                ..Default::default()
+            },
+            spec: tether_api::offloading::ShadowPodSpec {
+                consumer_cluster_id: "c1".into(),
+                pod: spec("app:v1"),
+            },
+            status: None,
+        };
+        let pod = pod_for(&sp);
+        let l = pod.metadata.labels.clone().expect("labels");
+        assert_eq!(l.get("app").map(String::as_str), Some("web"));
+        assert_eq!(
+            l.get(labels::TETHER_MANAGED_BY).map(String::as_str),
+            Some("shadowpod")
+        );
+        let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("ShadowPod", "uid-1", Some(true))
+        );
+        assert_eq!(owner.block_owner_deletion, Some(true));
+        assert_eq!(
+            pod.annotations().get(SPEC_DIGEST),
+            Some(&spec_digest(&sp.spec.pod))
+        );
+        assert_eq!(pod.spec.as_ref(), Some(&sp.spec.pod));
+    }
+}

@@ -1,0 +1,120 @@
+//! Clients for providers' API servers, built from the identity each provider issued (the
+//! kubeconfig Secret in the consumer's tenant namespace) and shared by the peering,
+//! networking and offloading modules, so one provider has one connection pool.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use tether_api::ClusterId;
+use tether_api::names::{self, objects};
+
+use crate::Error;
+use crate::kubeconfig::Stored;
+
+/// Clients for providers' API servers, rebuilt when the kubeconfig Secret changes.
+#[derive(Default)]
+pub struct ProviderClients {
+    by_cluster: Mutex<HashMap<String, (String, kube::Client)>>,
+}
+
+/// What this cluster may reach at one provider: a client with the identity the provider
+/// issued, and the tenant namespace that identity is confined to there.
+#[derive(Clone)]
+pub struct Access {
+    /// The client.
+    pub client: kube::Client,
+    /// The tenant namespace at the provider.
+    pub namespace: String,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProviderClients {
+    /// The client for `cluster` whose kubeconfig Secret is at `version`; built once per
+    /// version.
+    pub async fn get(
+        &self,
+        cluster: &str,
+        version: &str,
+        kubeconfig: &str,
+    ) -> Result<kube::Client, String> {
+        if let Some((v, c)) = self
+            .by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(cluster)
+            && v == version
+        {
+            return Ok(c.clone());
+        }
+        let parsed = kube::config::Kubeconfig::from_yaml(kubeconfig)
+            .map_err(|e| format!("the stored kubeconfig is unreadable: {e}"))?;
+        let config = kube::Config::from_custom_kubeconfig(
+            parsed,
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| format!("the stored kubeconfig is unusable: {e}"))?;
+        let client =
+            kube::Client::try_from(config).map_err(|e| format!("building a client: {e}"))?;
+        self.by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cluster.to_owned(), (version.to_owned(), client.clone()));
+        Ok(client)
+    }
+
+    /// Drops the client of `cluster` (its identity was replaced or revoked).
+    pub fn forget(&self, cluster: &str) {
+        self.by_cluster
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(cluster);
+    }
+
+    /// The access to `provider` from its stored identity; `None` while there is none (not
+    /// authenticated yet, or unpeered: the tenant namespace holding it is gone).
+    pub async fn access(
+        &self,
+        local: &kube::Client,
+        provider: &ClusterId,
+    ) -> Result<Option<Access>, Error> {
+        let ns = names::tenant_namespace(provider);
+        let secret = match Api::<Secret>::namespaced(local.clone(), &ns)
+            .get_opt(objects::PROVIDER_KUBECONFIG_SECRET)
+            .await
+        {
+            Ok(s) => s,
+            // Access to a tenant namespace is bound inside it: none once it is going away.
+            Err(kube::Error::Api(e)) if e.code == 403 => None,
+            Err(e) => {
+                return Err(Error::kube(format!(
+                    "reading the kubeconfig Secret for {provider}"
+                ))(e));
+            }
+        };
+        let Some(secret) = secret else {
+            return Ok(None);
+        };
+        let version = secret.metadata.resource_version.clone().unwrap_or_default();
+        let Some(stored) = Stored::from_secret(&secret) else {
+            return Ok(None);
+        };
+        let client = self
+            .get(provider.as_str(), &version, &stored.kubeconfig)
+            .await
+            .map_err(|e| Error::Invalid(format!("the identity issued by {provider}: {e}")))?;
+        Ok(Some(Access {
+            client,
+            namespace: stored.remote_namespace,
+        }))
+    }
+}
