@@ -49,6 +49,12 @@ pub enum Command {
     Peer(PeerArgs),
     /// Tear down the peering with a provider.
     Unpeer(UnpeerArgs),
+    /// Offload to providers: ask for resources (virtual nodes), extend namespaces.
+    #[command(subcommand)]
+    Offload(OffloadCommand),
+    /// Stop offloading a namespace.
+    #[command(subcommand)]
+    Unoffload(UnoffloadCommand),
     /// Generate things for other clusters' admins.
     #[command(subcommand)]
     Generate(GenerateCommand),
@@ -114,6 +120,11 @@ pub struct InstallArgs {
     /// peering, at hosts 1 and 2) [default: the stored one, else 10.70.0.0/16]
     #[arg(long, value_name = "CIDR")]
     pub external_cidr: Option<String>,
+    /// How strictly consumers' offloaded pods are held to the resources granted to them:
+    /// none (every pod runs), soft (pods must request cpu and memory, within the grant) or
+    /// hard (as soft, and limits must equal requests) [default: the stored one, else soft]
+    #[arg(long, value_name = "MODE")]
+    pub resource_enforcement: Option<tether_resources::Enforcement>,
     /// How long to wait for the controller.
     #[arg(long, default_value = "5m", value_name = "DURATION")]
     pub timeout: String,
@@ -161,7 +172,8 @@ pub struct PeerArgs {
     /// The provider's authentication certificate fingerprint, `sha256:<64 hex digits>`.
     #[arg(long, value_name = "FINGERPRINT", requires = "auth_url")]
     pub ca_fingerprint: Option<String>,
-    /// Peering modules to turn on (comma-separated): `authentication` and `networking`.
+    /// Peering modules to turn on (comma-separated): `authentication`, `networking` and
+    /// `offloading` (which --cpu, --memory or --pods turn on too).
     #[arg(
         long,
         value_delimiter = ',',
@@ -192,7 +204,162 @@ pub struct PeerArgs {
     /// the tunnel first, with admin access to both clusters (needs --remote-kubeconfig).
     #[arg(long)]
     pub in_band: bool,
+    /// Resources to ask the provider for (any of them turns on offloading: the grant appears
+    /// here as a virtual node).
+    #[command(flatten)]
+    pub resources: ResourceFlags,
     /// How long to wait for the peering.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// The amounts a request to a provider asks for.
+#[derive(Debug, Clone, Args)]
+pub struct ResourceFlags {
+    /// CPU, e.g. `2` or `500m`.
+    #[arg(long, value_name = "QUANTITY")]
+    pub cpu: Option<String>,
+    /// Memory, e.g. `4Gi`.
+    #[arg(long, value_name = "QUANTITY")]
+    pub memory: Option<String>,
+    /// Number of pods.
+    #[arg(long, value_name = "N")]
+    pub pods: Option<String>,
+    /// The class of resources; the provider decides what a class means.
+    #[arg(long, default_value = "default", value_name = "NAME")]
+    pub resource_class: String,
+}
+
+impl ResourceFlags {
+    /// The amounts, as the offload module takes them.
+    pub fn amounts(&self) -> crate::offload::Amounts<'_> {
+        crate::offload::Amounts {
+            cpu: self.cpu.as_deref(),
+            memory: self.memory.as_deref(),
+            pods: self.pods.as_deref(),
+        }
+    }
+}
+
+/// `tether offload ...`.
+#[derive(Debug, Subcommand)]
+pub enum OffloadCommand {
+    /// Resources asked of providers, each shown here as a virtual node.
+    #[command(subcommand)]
+    Resources(ResourcesCommand),
+    /// Extend a namespace into providers: its pods may run on virtual nodes, in a twin
+    /// namespace at each selected provider; waits until every twin is ready.
+    Namespace(OffloadNamespaceArgs),
+}
+
+/// `tether unoffload ...`.
+#[derive(Debug, Subcommand)]
+pub enum UnoffloadCommand {
+    /// Stop extending a namespace: its pods leave the virtual nodes and the twins are removed.
+    Namespace(UnoffloadNamespaceArgs),
+}
+
+/// Where the pods of an offloaded namespace may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PodStrategy {
+    /// Only on this cluster's own nodes.
+    #[value(name = "Local")]
+    Local,
+    /// Only on virtual nodes.
+    #[value(name = "Remote")]
+    Remote,
+    /// On both.
+    #[value(name = "LocalAndRemote")]
+    LocalAndRemote,
+}
+
+/// How twin namespaces are named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MappingStrategy {
+    /// `<namespace>-<this cluster's ID>`.
+    #[value(name = "DefaultName")]
+    DefaultName,
+    /// The same name as here (fails where a provider already has one).
+    #[value(name = "EnforceSameName")]
+    EnforceSameName,
+    /// The name given with --remote-namespace-name.
+    #[value(name = "SelectedName")]
+    SelectedName,
+}
+
+/// `tether offload namespace`.
+#[derive(Debug, Args)]
+pub struct OffloadNamespaceArgs {
+    /// The namespace.
+    #[arg(value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// Where its pods may run.
+    #[arg(long, value_enum, default_value_t = PodStrategy::LocalAndRemote, value_name = "STRATEGY")]
+    pub pod_offloading_strategy: PodStrategy,
+    /// How the twin namespaces at the providers are named.
+    #[arg(long, value_enum, default_value_t = MappingStrategy::DefaultName, value_name = "STRATEGY")]
+    pub namespace_mapping_strategy: MappingStrategy,
+    /// The twin namespaces' name, with --namespace-mapping-strategy SelectedName.
+    #[arg(long, value_name = "NAME")]
+    pub remote_namespace_name: Option<String>,
+    /// Only providers whose virtual nodes carry these labels (`key=value`, comma-separated);
+    /// every provider when absent.
+    #[arg(long, short = 'l', value_delimiter = ',', value_name = "KEY=VALUE")]
+    pub selector: Vec<String>,
+    /// How long to wait for the twins.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether unoffload namespace`.
+#[derive(Debug, Args)]
+pub struct UnoffloadNamespaceArgs {
+    /// The namespace.
+    #[arg(value_name = "NAMESPACE")]
+    pub namespace: String,
+    /// How long to wait until its pods and twins are gone.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether offload resources ...`.
+#[derive(Debug, Subcommand)]
+pub enum ResourcesCommand {
+    /// Ask a provider for resources (a new virtual node), or change what a request asks for;
+    /// waits until the virtual node is Ready.
+    Add(ResourcesAddArgs),
+    /// Withdraw a request: its virtual node is removed and the provider releases the grant.
+    Remove(ResourcesRemoveArgs),
+}
+
+/// `tether offload resources add`.
+#[derive(Debug, Args)]
+pub struct ResourcesAddArgs {
+    /// The provider's cluster ID.
+    #[arg(value_name = "PROVIDER")]
+    pub provider: String,
+    /// A further request to the same provider, named `<provider>-<name>` (also the virtual
+    /// node's name); without it, the provider's main request.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// What to ask for.
+    #[command(flatten)]
+    pub resources: ResourceFlags,
+    /// How long to wait for the grant and the virtual node.
+    #[arg(long, default_value = "2m", value_name = "DURATION")]
+    pub timeout: String,
+}
+
+/// `tether offload resources remove`.
+#[derive(Debug, Args)]
+pub struct ResourcesRemoveArgs {
+    /// The provider's cluster ID.
+    #[arg(value_name = "PROVIDER")]
+    pub provider: String,
+    /// The further request's name, as given to `add --name`; without it, the main request.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// How long to wait until the virtual node is gone.
     #[arg(long, default_value = "2m", value_name = "DURATION")]
     pub timeout: String,
 }

@@ -235,6 +235,29 @@ pub async fn resolve_network(
     ))
 }
 
+/// The `--resource-enforcement` of the installed controller, if there is one and it has
+/// the flag, so that a re-install without the flag keeps it.
+pub async fn stored_enforcement(
+    client: &kube::Client,
+) -> Result<Option<tether_resources::Enforcement>> {
+    let deployment = Api::<Deployment>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .get_opt(objects::CONTROLLER)
+        .await
+        .map_err(Error::api(format!(
+            "reading Deployment {SYSTEM_NAMESPACE}/{}",
+            objects::CONTROLLER
+        )))?;
+    let args = deployment
+        .and_then(|d| d.spec?.template.spec)
+        .and_then(|s| s.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .unwrap_or_default();
+    Ok(args
+        .iter()
+        .find_map(|a| a.strip_prefix("--resource-enforcement="))
+        .and_then(|m| m.parse().ok()))
+}
+
 /// `networking.podSubnet` and `serviceSubnet` of kubeadm's ClusterConfiguration, if the
 /// cluster has one.
 async fn kubeadm_networking(client: &kube::Client) -> Result<Option<(Vec<String>, Vec<String>)>> {
@@ -369,6 +392,7 @@ fn group_of(m: &Manifest) -> &'static str {
         Manifest::Deployment(_) => "deployment",
         Manifest::DaemonSet(_) => "daemonset",
         Manifest::Service(_) => "service",
+        Manifest::MutatingWebhookConfiguration(_) => "webhook",
     }
 }
 
@@ -875,7 +899,11 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
         progress.done(format!("finalizers removed from {cleared} objects"));
     }
 
-    let mut doomed = Vec::new();
+    // The pod webhook first: once the controller is gone it would refuse every new pod of
+    // an offloaded namespace.
+    let mut doomed = vec![Doomed::of::<
+        k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration,
+    >(None, objects::POD_WEBHOOK)];
     let namespaces: Api<Namespace> = Api::all(client.clone());
     let all_ns = namespaces
         .list(&ListParams::default())
@@ -888,7 +916,12 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
             .labels
             .as_ref()
             .is_some_and(|l| l.contains_key(labels::TENANT_NAMESPACE));
-        if labelled || name.starts_with(TENANT_NAMESPACE_PREFIX) {
+        // Twin namespaces hold consumers' pods, which must not outlive Tether.
+        let twin = ns.metadata.labels.as_ref().is_some_and(|l| {
+            l.contains_key(labels::ORIGIN_NAMESPACE)
+                && l.get(labels::MANAGED_BY).map(String::as_str) == Some(labels::MANAGED_BY_VALUE)
+        });
+        if labelled || twin || name.starts_with(TENANT_NAMESPACE_PREFIX) {
             doomed.push(Doomed::of::<Namespace>(None, &name));
         }
     }
@@ -896,6 +929,7 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
         objects::CONTROLLER,
         objects::CONTROLLER_TENANT_ROLE,
         objects::TENANT_ROLE,
+        objects::TENANT_OFFLOADED_ROLE,
         objects::GATEWAY,
         objects::GATEWAY_NODES_ROLE,
         objects::FABRIC,
@@ -905,14 +939,13 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
     for name in [objects::CONTROLLER, objects::FABRIC] {
         doomed.push(Doomed::of::<ClusterRoleBinding>(None, name));
     }
-    doomed.push(Doomed::of::<Role>(
-        Some("default"),
-        manifests::APISERVER_ROLE,
-    ));
-    doomed.push(Doomed::of::<RoleBinding>(
-        Some("default"),
-        manifests::APISERVER_ROLE,
-    ));
+    for (namespace, name) in [
+        ("default", manifests::APISERVER_ROLE),
+        (manifests::NODE_LEASE_NAMESPACE, manifests::NODE_LEASE_ROLE),
+    ] {
+        doomed.push(Doomed::of::<Role>(Some(namespace), name));
+        doomed.push(Doomed::of::<RoleBinding>(Some(namespace), name));
+    }
     doomed.push(Doomed::of::<Namespace>(None, SYSTEM_NAMESPACE));
     if !opts.keep_crds {
         for name in &present_crds {
@@ -969,4 +1002,38 @@ async fn delete(client: &kube::Client, d: &Doomed) -> Result<()> {
         Err(e) if is_not_found(&e) => Ok(()),
         Err(e) => Err(Error::api(format!("deleting {}", d.describe))(e)),
     }
+}
+
+/// The admission webhook's CA, if the controller made one already (kept across re-installs
+/// so that the webhook configuration is never without it).
+pub async fn webhook_ca(client: &kube::Client) -> Result<Option<String>> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), SYSTEM_NAMESPACE);
+    let secret = match secrets.get_opt(objects::WEBHOOK_TLS_SECRET).await {
+        Ok(s) => s,
+        Err(e) if is_not_found(&e) => None,
+        Err(e) => {
+            return Err(Error::api(format!(
+                "reading Secret {SYSTEM_NAMESPACE}/{}",
+                objects::WEBHOOK_TLS_SECRET
+            ))(e));
+        }
+    };
+    Ok(secret
+        .and_then(|s| s.data)
+        .and_then(|d| d.get("ca.crt").cloned())
+        .and_then(|b| String::from_utf8(b.0).ok()))
+}
+
+/// The admission webhook's CA, made (with its serving certificate, in a Secret the
+/// controller reads) if there is none yet.
+pub async fn ensure_webhook_tls(client: &kube::Client) -> Result<String> {
+    tether_controllers::webhook::WebhookCert::load_or_create(client.clone(), SYSTEM_NAMESPACE)
+        .await
+        .map(|c| c.ca_pem)
+        .map_err(|e| {
+            Error::Check(format!(
+                "preparing the admission webhook's certificate: {e}"
+            ))
+        })
 }

@@ -11,6 +11,7 @@ pub mod error;
 pub mod in_band;
 pub mod install;
 pub mod manifests;
+pub mod offload;
 pub mod peer;
 pub mod progress;
 pub mod status;
@@ -27,9 +28,10 @@ use tether_api::ClusterId;
 
 pub use crate::cli::Cli;
 use crate::cli::{
-    Command, CompletionArgs, GenerateCommand, InstallArgs, ManifestFormat, PeerArgs,
-    PeerCommandArgs, Shell, StatusArgs, StatusFormat, TextOrJson, TokenCommand, UninstallArgs,
-    UnpeerArgs, VersionArgs,
+    Command, CompletionArgs, GenerateCommand, InstallArgs, ManifestFormat, MappingStrategy,
+    OffloadCommand, OffloadNamespaceArgs, PeerArgs, PeerCommandArgs, PodStrategy, ResourcesAddArgs,
+    ResourcesCommand, ResourcesRemoveArgs, Shell, StatusArgs, StatusFormat, TextOrJson,
+    TokenCommand, UninstallArgs, UnoffloadCommand, UnpeerArgs, VersionArgs,
 };
 use crate::cluster::Target;
 pub use crate::error::{Error, Result};
@@ -128,6 +130,29 @@ pub async fn execute(cli: Cli, bin_name: &str) -> Result<()> {
             );
             Ok(())
         }
+        Command::Offload(OffloadCommand::Resources(ResourcesCommand::Add(args))) => {
+            resources_add_cmd(&local, args).await
+        }
+        Command::Offload(OffloadCommand::Resources(ResourcesCommand::Remove(args))) => {
+            resources_remove_cmd(&local, args).await
+        }
+        Command::Offload(OffloadCommand::Namespace(args)) => {
+            offload_namespace_cmd(&local, args).await
+        }
+        Command::Unoffload(UnoffloadCommand::Namespace(args)) => {
+            let timeout = parse_timeout("timeout", &args.timeout)?;
+            let deadline = std::time::Instant::now() + timeout;
+            let conn = cluster::connect(&local, "local").await?;
+            cluster::installed_cluster_id(&conn).await?;
+            let mut progress = Progress::new();
+            offload::unoffload_namespace(&conn, &args.namespace, deadline, &mut progress).await?;
+            drop(progress);
+            println!(
+                "Namespace {} is no longer offloaded: its pods run here and the providers removed the twins.",
+                args.namespace
+            );
+            Ok(())
+        }
         Command::Status(args) => status_cmd(&local, args).await,
         Command::Version(args) => version_cmd(&local, args).await,
         Command::Completion(CompletionArgs { shell }) => {
@@ -166,6 +191,9 @@ fn install_options(args: &InstallArgs, cluster_id: ClusterId) -> Result<InstallO
     }
     opts.auth_service_type = args.auth_service_type;
     opts.replicas = args.replicas;
+    if let Some(mode) = args.resource_enforcement {
+        opts.resource_enforcement = mode;
+    }
     if let Some(url) = &args.api_server_url {
         if !url.starts_with("https://") || url.len() <= "https://".len() {
             return Err(Error::Usage(format!(
@@ -271,6 +299,11 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
     let (cluster_id, source) =
         install::resolve_cluster_id(&conn.client, requested.as_ref()).await?;
     let mut opts = install_options(&args, cluster_id.clone())?;
+    if args.resource_enforcement.is_none()
+        && let Some(stored) = install::stored_enforcement(&conn.client).await?
+    {
+        opts.resource_enforcement = stored;
+    }
     let (network, network_source) = install::resolve_network(
         &conn.client,
         opts.network.as_ref().map(|n| n.pod[0].clone()),
@@ -316,8 +349,20 @@ async fn install_cmd(local: &Target, args: InstallArgs) -> Result<()> {
         IdSourceNote::Flag => progress.note(format!("cluster ID {cluster_id}")),
     }
     progress.note(network_note);
+    opts.webhook_ca = install::webhook_ca(&conn.client).await?;
     let manifests = manifests::render(&opts);
     install::apply(&conn.client, &manifests, timeout, &mut progress).await?;
+    if opts.webhook_ca.is_none() {
+        // A first install: the webhook's CA is made now that its namespace exists, and goes
+        // into the configuration under this command's own field manager, so that installing
+        // again with the same flags changes nothing.
+        opts.webhook_ca = Some(install::ensure_webhook_tls(&conn.client).await?);
+        for m in manifests::render(&opts) {
+            if matches!(m, manifests::Manifest::MutatingWebhookConfiguration(_)) {
+                install::apply_one(&conn.client, &m).await?;
+            }
+        }
+    }
     if args.no_wait {
         drop(progress);
         println!(
@@ -387,7 +432,17 @@ async fn uninstall_cmd(local: &Target, args: UninstallArgs) -> Result<()> {
 
 async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
     let timeout = parse_timeout("timeout", &args.timeout)?;
-    let modules = peer::check_modules(&args.modules)?;
+    let mut modules = peer::check_modules(&args.modules)?;
+    let amounts = args.resources.amounts();
+    if amounts.any() {
+        modules.offloading.enabled = true;
+    } else if modules.offloading.enabled {
+        return Err(Error::Usage(
+            "offloading asks the provider for resources: say how much with --cpu, --memory or \
+             --pods (for example --cpu 2 --memory 4Gi --pods 20)"
+                .to_owned(),
+        ));
+    }
     let networking = peer::networking_options(&args)?;
     let provider = match (
         &args.remote_kubeconfig,
@@ -423,23 +478,41 @@ async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
                 .to_owned(),
         ));
     }
+    // The request is named after the provider, whose ID a kubeconfig gives only once
+    // connected: the amounts are checked now, before anything connects, with a stand-in.
+    let stand_in = ClusterId::new("provider").map_err(|e| Error::Usage(e.to_string()))?;
+    offload::request(&stand_in, None, &amounts, &args.resources.resource_class)?;
     let mut progress = Progress::new();
     let outcome = peer::peer(
         local,
         &provider,
-        &modules,
-        &networking,
-        args.in_band,
+        &peer::PeerOptions {
+            modules: &modules,
+            networking: &networking,
+            in_band: args.in_band,
+            amounts,
+            resource_class: &args.resources.resource_class,
+        },
         timeout,
         &mut progress,
     )
     .await?;
     drop(progress);
     match outcome {
-        peer::PeerOutcome::AlreadyPeered { provider } => {
-            println!("Already peered with {provider}; nothing changed.");
-        }
-        peer::PeerOutcome::Peered { provider } => {
+        peer::PeerOutcome::AlreadyPeered { provider, granted } => match granted {
+            Some(g) => println!(
+                "Already peered with {provider}; it granted {} and virtual node {} is Ready.",
+                g.resources, g.node
+            ),
+            None => println!("Already peered with {provider}; nothing changed."),
+        },
+        peer::PeerOutcome::Peered { provider, granted } => {
+            if let Some(g) = granted {
+                println!(
+                    "{provider} granted {}: virtual node {} is Ready.",
+                    g.resources, g.node
+                );
+            }
             if modules.networking.enabled {
                 println!(
                     "Peered with {provider}: this cluster is authenticated as its consumer and the tunnel is up."
@@ -450,6 +523,98 @@ async fn peer_cmd(local: &Target, args: PeerArgs) -> Result<()> {
             println!("`tether status` shows the peering.");
         }
     }
+    Ok(())
+}
+
+async fn resources_add_cmd(local: &Target, args: ResourcesAddArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let provider = parse_cluster_id("PROVIDER", &args.provider)?;
+    let amounts = args.resources.amounts();
+    let request = offload::request(
+        &provider,
+        args.name.as_deref(),
+        &amounts,
+        &args.resources.resource_class,
+    )?
+    .ok_or_else(|| {
+        Error::Usage(
+            "say what to ask for with --cpu, --memory or --pods (for example --cpu 2 \
+                 --memory 4Gi --pods 20)"
+                .to_owned(),
+        )
+    })?;
+    let deadline = std::time::Instant::now() + timeout;
+    let conn = cluster::connect(local, "local").await?;
+    let consumer = cluster::installed_cluster_id(&conn).await?;
+    let mut progress = Progress::new();
+    let granted = offload::ask(
+        &conn,
+        &consumer,
+        &provider,
+        &request,
+        deadline,
+        &mut progress,
+    )
+    .await?;
+    drop(progress);
+    println!(
+        "{provider} granted {}: virtual node {} is Ready.",
+        granted.resources, granted.node
+    );
+    Ok(())
+}
+
+async fn offload_namespace_cmd(local: &Target, args: OffloadNamespaceArgs) -> Result<()> {
+    use tether_api::offloading::{NamespaceMappingStrategy, PodOffloadingStrategy};
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let pods = match args.pod_offloading_strategy {
+        PodStrategy::Local => PodOffloadingStrategy::Local,
+        PodStrategy::Remote => PodOffloadingStrategy::Remote,
+        PodStrategy::LocalAndRemote => PodOffloadingStrategy::LocalAndRemote,
+    };
+    let mapping = match args.namespace_mapping_strategy {
+        MappingStrategy::DefaultName => NamespaceMappingStrategy::DefaultName,
+        MappingStrategy::EnforceSameName => NamespaceMappingStrategy::EnforceSameName,
+        MappingStrategy::SelectedName => NamespaceMappingStrategy::SelectedName,
+    };
+    let request = offload::namespace_request(
+        &args.namespace,
+        pods,
+        mapping,
+        args.remote_namespace_name.as_deref(),
+        &args.selector,
+    )?;
+    let deadline = std::time::Instant::now() + timeout;
+    let conn = cluster::connect(local, "local").await?;
+    cluster::installed_cluster_id(&conn).await?;
+    let mut progress = Progress::new();
+    let status = offload::offload_namespace(&conn, &request, deadline, &mut progress).await?;
+    drop(progress);
+    let providers: Vec<&str> = status
+        .remote_namespaces_conditions
+        .keys()
+        .map(String::as_str)
+        .collect();
+    println!(
+        "Namespace {} is offloaded to {} as {}.",
+        args.namespace,
+        providers.join(", "),
+        status.remote_namespace_name.as_deref().unwrap_or("-")
+    );
+    Ok(())
+}
+
+async fn resources_remove_cmd(local: &Target, args: ResourcesRemoveArgs) -> Result<()> {
+    let timeout = parse_timeout("timeout", &args.timeout)?;
+    let provider = parse_cluster_id("PROVIDER", &args.provider)?;
+    let name = offload::slice_name(&provider, args.name.as_deref())?;
+    let deadline = std::time::Instant::now() + timeout;
+    let conn = cluster::connect(local, "local").await?;
+    cluster::installed_cluster_id(&conn).await?;
+    let mut progress = Progress::new();
+    offload::withdraw(&conn, &provider, &name, deadline, &mut progress).await?;
+    drop(progress);
+    println!("Withdrew {name} from {provider}: its virtual node is gone.");
     Ok(())
 }
 

@@ -7,6 +7,11 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
+};
 use k8s_openapi::api::apps::v1::{DaemonSet, DaemonSetSpec, Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapKeySelector, Container, ContainerPort, EnvVar, EnvVarSource,
@@ -30,11 +35,20 @@ use tether_api::rbac;
 pub const ADMIN_PORT: i32 = 9090;
 /// The authentication service's container port.
 pub const AUTH_PORT: i32 = 8443;
+/// The admission webhook's container port.
+pub const WEBHOOK_PORT: i32 = 9443;
+/// The virtual nodes' kubelet API port (the controller's `--kubelet-listen` default).
+pub const KUBELET_PORT: i32 = 10250;
 /// The authentication Service's port.
 pub const AUTH_SERVICE_PORT: i32 = 443;
 /// The Role (and RoleBinding) in `default` that lets the controller read the API server's
 /// EndpointSlice.
 pub const APISERVER_ROLE: &str = "tether-controller-apiserver";
+/// The Role (and RoleBinding) in `kube-node-lease` that lets the controller keep its
+/// virtual nodes' Leases.
+pub const NODE_LEASE_ROLE: &str = "tether-controller-node-leases";
+/// Where kubelets keep their node Leases.
+pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// The controller's container name.
 pub const CONTAINER: &str = "controller";
 /// The label whose value names the controller's pods.
@@ -93,6 +107,12 @@ pub struct InstallOptions {
     pub identity_lifetime: Option<String>,
     /// The cluster's CIDRs for the `tether-network` ConfigMap; left out when unknown.
     pub network: Option<NetworkCidrs>,
+    /// The admission webhook's CA (PEM), when the controller already made one: kept in the
+    /// webhook configuration so that a re-install never leaves it without one.
+    pub webhook_ca: Option<String>,
+    /// `--resource-enforcement` for the controller: how strictly consumers' offloaded pods
+    /// are held to their grants here.
+    pub resource_enforcement: tether_resources::Enforcement,
 }
 
 /// The cluster's own CIDRs, as the networking module needs them.
@@ -120,6 +140,8 @@ impl InstallOptions {
             auth_url: None,
             identity_lifetime: None,
             network: None,
+            webhook_ca: None,
+            resource_enforcement: tether_resources::Enforcement::Soft,
         }
     }
 }
@@ -148,8 +170,10 @@ pub enum Manifest {
     Deployment(Deployment),
     /// The fabric, one pod per node.
     DaemonSet(DaemonSet),
-    /// The authentication Service.
+    /// The authentication and webhook Services.
     Service(Service),
+    /// The pod admission webhook of offloaded namespaces.
+    MutatingWebhookConfiguration(MutatingWebhookConfiguration),
 }
 
 macro_rules! each_manifest {
@@ -166,6 +190,7 @@ macro_rules! each_manifest {
             Manifest::Deployment($obj) => $body,
             Manifest::DaemonSet($obj) => $body,
             Manifest::Service($obj) => $body,
+            Manifest::MutatingWebhookConfiguration($obj) => $body,
         }
     };
 }
@@ -237,6 +262,10 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
             rbac::controller_tenant_rules(),
         ),
         (objects::TENANT_ROLE, rbac::tenant_rules()),
+        (
+            objects::TENANT_OFFLOADED_ROLE,
+            rbac::tenant_offloaded_rules(),
+        ),
         (objects::GATEWAY, rbac::gateway_namespace_rules()),
         (objects::GATEWAY_NODES_ROLE, rbac::gateway_node_rules()),
         (objects::FABRIC, rbac::fabric_rules()),
@@ -270,9 +299,14 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         metadata: meta(APISERVER_ROLE, Some("default")),
         rules: Some(rbac::controller_apiserver_rules()),
     }));
+    out.push(Manifest::Role(Role {
+        metadata: meta(NODE_LEASE_ROLE, Some(NODE_LEASE_NAMESPACE)),
+        rules: Some(rbac::controller_node_lease_rules()),
+    }));
     for (name, namespace) in [
         (objects::CONTROLLER, SYSTEM_NAMESPACE),
         (APISERVER_ROLE, "default"),
+        (NODE_LEASE_ROLE, NODE_LEASE_NAMESPACE),
     ] {
         out.push(Manifest::RoleBinding(RoleBinding {
             metadata: meta(name, Some(namespace)),
@@ -317,7 +351,86 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
     out.push(Manifest::Deployment(deployment(opts)));
     out.push(Manifest::DaemonSet(fabric(opts)));
     out.push(Manifest::Service(auth_service(opts)));
+    out.push(Manifest::Service(webhook_service()));
+    out.push(Manifest::MutatingWebhookConfiguration(pod_webhook(opts)));
     out
+}
+
+/// The Service in front of every controller replica's admission webhook.
+fn webhook_service() -> Service {
+    Service {
+        metadata: ObjectMeta {
+            labels: Some({
+                let mut l = common_labels();
+                l.insert(labels::COMPONENT.to_owned(), "webhook".to_owned());
+                l
+            }),
+            ..meta(objects::WEBHOOK_SERVICE, Some(SYSTEM_NAMESPACE))
+        },
+        spec: Some(ServiceSpec {
+            selector: Some(BTreeMap::from([(
+                NAME_LABEL.to_owned(),
+                objects::CONTROLLER.to_owned(),
+            )])),
+            ports: Some(vec![ServicePort {
+                name: Some("webhook".to_owned()),
+                port: 443,
+                target_port: Some(IntOrString::Int(WEBHOOK_PORT)),
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// The webhook that places new pods of offloaded namespaces (those labelled
+/// `tether.dev/offloading-enabled=true` by the controller). It fails closed: a pod that must
+/// run remotely is never silently created where it must not be; only offloaded namespaces
+/// depend on the controller for that.
+fn pod_webhook(opts: &InstallOptions) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: meta(objects::POD_WEBHOOK, None),
+        webhooks: Some(vec![MutatingWebhook {
+            name: objects::POD_WEBHOOK_NAME.to_owned(),
+            admission_review_versions: vec!["v1".to_owned()],
+            client_config: WebhookClientConfig {
+                service: Some(ServiceReference {
+                    namespace: SYSTEM_NAMESPACE.to_owned(),
+                    name: objects::WEBHOOK_SERVICE.to_owned(),
+                    path: Some(objects::POD_WEBHOOK_PATH.to_owned()),
+                    port: Some(443),
+                }),
+                ca_bundle: opts
+                    .webhook_ca
+                    .as_ref()
+                    .map(|pem| ByteString(pem.clone().into_bytes())),
+                url: None,
+            },
+            failure_policy: Some("Fail".to_owned()),
+            match_policy: Some("Equivalent".to_owned()),
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    labels::OFFLOADING_ENABLED.to_owned(),
+                    "true".to_owned(),
+                )])),
+                ..Default::default()
+            }),
+            object_selector: Some(LabelSelector::default()),
+            reinvocation_policy: Some("Never".to_owned()),
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec![String::new()]),
+                api_versions: Some(vec!["v1".to_owned()]),
+                operations: Some(vec!["CREATE".to_owned()]),
+                resources: Some(vec!["pods".to_owned()]),
+                scope: Some("Namespaced".to_owned()),
+            }]),
+            side_effects: "None".to_owned(),
+            timeout_seconds: Some(5),
+            match_conditions: None,
+        }]),
+    }
 }
 
 /// The admin port of the fabric's pods, on each node's own network.
@@ -490,6 +603,11 @@ fn deployment(opts: &InstallOptions) -> Deployment {
     if let Some(lifetime) = &opts.identity_lifetime {
         args.push(format!("--identity-lifetime={lifetime}"));
     }
+    // Always written, so that a re-install reads it back from the Deployment and keeps it.
+    args.push(format!(
+        "--resource-enforcement={}",
+        opts.resource_enforcement
+    ));
     let field_env = |name: &str, path: &str| EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {
@@ -530,6 +648,7 @@ fn deployment(opts: &InstallOptions) -> Deployment {
             },
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            field_env("POD_IP", "status.podIP"),
         ]),
         ports: Some(vec![
             ContainerPort {
@@ -541,6 +660,18 @@ fn deployment(opts: &InstallOptions) -> Deployment {
             ContainerPort {
                 name: Some("https".to_owned()),
                 container_port: AUTH_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("webhook".to_owned()),
+                container_port: WEBHOOK_PORT,
+                protocol: Some("TCP".to_owned()),
+                ..Default::default()
+            },
+            ContainerPort {
+                name: Some("kubelet".to_owned()),
+                container_port: KUBELET_PORT,
                 protocol: Some("TCP".to_owned()),
                 ..Default::default()
             },

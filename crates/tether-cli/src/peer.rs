@@ -33,9 +33,7 @@ use crate::tokens;
 const POLL: Duration = Duration::from_millis(250);
 
 /// The modules this release can turn on.
-pub const AVAILABLE_MODULES: &[&str] = &["authentication", "networking"];
-/// Modules that exist in the API but arrive in later releases.
-pub const LATER_MODULES: &[&str] = &["offloading"];
+pub const AVAILABLE_MODULES: &[&str] = &["authentication", "networking", "offloading"];
 
 /// How `tether peer` reaches the provider.
 #[derive(Debug, Clone)]
@@ -65,16 +63,11 @@ pub fn check_modules(modules: &[String]) -> Result<Modules> {
         match m {
             "authentication" => out.authentication = ModuleSpec::on(),
             "networking" => out.networking = ModuleSpec::on(),
-            _ if LATER_MODULES.contains(&m) => {
-                return Err(Error::Usage(format!(
-                    "the {m} module arrives in a later release of Tether; this release peers with \
-                     --modules authentication,networking"
-                )));
-            }
+            "offloading" => out.offloading = ModuleSpec::on(),
             _ => {
                 return Err(Error::Usage(format!(
                     "unknown module {m:?}: the modules are authentication, networking and \
-                     offloading (this release has authentication and networking)"
+                     offloading"
                 )));
             }
         }
@@ -172,11 +165,15 @@ pub enum PeerOutcome {
     AlreadyPeered {
         /// The provider.
         provider: ClusterId,
+        /// The resources granted, if this run asked for some.
+        granted: Option<crate::offload::Granted>,
     },
     /// Authentication is now True.
     Peered {
         /// The provider.
         provider: ClusterId,
+        /// The resources granted, if this run asked for some.
+        granted: Option<crate::offload::Granted>,
     },
 }
 
@@ -368,16 +365,37 @@ async fn check_controller_ready(conn: &Conn) -> Result<()> {
     )))
 }
 
+/// What `tether peer` asks for, from its flags.
+#[derive(Debug, Clone)]
+pub struct PeerOptions<'a> {
+    /// The modules to turn on.
+    pub modules: &'a Modules,
+    /// The networking options.
+    pub networking: &'a NetworkingOptions,
+    /// Whether control traffic rides the tunnel.
+    pub in_band: bool,
+    /// The resources to ask for (none: no request).
+    pub amounts: crate::offload::Amounts<'a>,
+    /// Their class.
+    pub resource_class: &'a str,
+}
+
 /// Peers the local cluster (`local`, the consumer) with `provider`.
 pub async fn peer(
     local: &Target,
     provider: &Provider,
-    modules: &Modules,
-    networking: &NetworkingOptions,
-    in_band: bool,
+    opts: &PeerOptions<'_>,
     timeout: Duration,
     progress: &mut Progress,
 ) -> Result<PeerOutcome> {
+    let PeerOptions {
+        modules,
+        networking,
+        in_band,
+        amounts,
+        resource_class: class,
+    } = opts;
+    let (modules, networking, in_band) = (*modules, *networking, *in_band);
     let deadline = Instant::now() + timeout;
     progress.phase("checking the clusters");
     let consumer = cluster::connect(local, "local").await?;
@@ -404,6 +422,8 @@ pub async fn peer(
         )
         .await?);
     }
+    let request = crate::offload::request(&provider_id, None, amounts, class)?;
+    let resources = request.as_ref();
     check_controller_ready(&consumer).await?;
     let (auth_url, fingerprint) = match (&remote, provider) {
         (Some((conn, _)), _) => {
@@ -488,10 +508,25 @@ pub async fn peer(
             && (!modules.networking.enabled || connected(fc))
         {
             progress.note(format!(
-                "already peered with {provider_id} with these modules and options; nothing changed"
+                "already peered with {provider_id} with these modules and options"
             ));
+            let granted = match resources {
+                Some(r) => Some(
+                    crate::offload::ask(
+                        &consumer,
+                        &consumer_id,
+                        &provider_id,
+                        r,
+                        deadline,
+                        progress,
+                    )
+                    .await?,
+                ),
+                None => None,
+            };
             return Ok(PeerOutcome::AlreadyPeered {
                 provider: provider_id,
+                granted,
             });
         }
     }
@@ -556,6 +591,16 @@ pub async fn peer(
         Some(Err(e)) => Err(e),
         _ => result,
     };
+    // Offloading comes last: the grant is asked for with the identity just issued.
+    let result = match (result, resources) {
+        (Ok(()), Some(r)) => {
+            crate::offload::ask(&consumer, &consumer_id, &provider_id, r, deadline, progress)
+                .await
+                .map(Some)
+        }
+        (Ok(()), None) => Ok(None),
+        (Err(e), _) => Err(e),
+    };
     if result.is_err()
         && let Some((conn, _)) = &remote
     {
@@ -571,8 +616,9 @@ pub async fn peer(
         let _ = tokens::revoke(&conn.client, id).await;
     }
     match result {
-        Ok(()) => Ok(PeerOutcome::Peered {
+        Ok(granted) => Ok(PeerOutcome::Peered {
             provider: provider_id,
+            granted,
         }),
         Err(e) => {
             progress.phase("removing what this run created");

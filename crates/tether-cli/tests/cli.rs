@@ -88,7 +88,7 @@ async fn usage_errors_exit_2_and_name_the_problem() {
                 "--modules",
                 "authentication,offloading",
             ],
-            "later release",
+            "offloading asks the provider for resources",
         ),
         (
             &[
@@ -233,7 +233,7 @@ async fn dry_run_with_a_cluster_id_needs_no_cluster() {
     run.assert_code(0);
     assert_eq!(
         run.stdout.matches("\n---\n").count() + 1,
-        30,
+        35,
         "{}",
         run.stdout
     );

@@ -59,6 +59,7 @@ fn api_resource(m: &Manifest) -> ApiResource {
         "Deployment" => "deployments",
         "DaemonSet" => "daemonsets",
         "Service" => "services",
+        "MutatingWebhookConfiguration" => "mutatingwebhookconfigurations",
         other => panic!("unexpected kind {other}"),
     };
     ApiResource {
@@ -234,6 +235,15 @@ fn comparable(obj: &DynamicObject) -> Value {
             }
         }
     }
+    // The webhook's CA is made per cluster (by `install`, or by the controller after a
+    // `--dry-run | kubectl apply`), so no two clusters share it.
+    if let Some(hooks) = v.get_mut("webhooks").and_then(Value::as_array_mut) {
+        for h in hooks.iter_mut() {
+            if let Some(c) = h.get_mut("clientConfig").and_then(Value::as_object_mut) {
+                c.remove("caBundle");
+            }
+        }
+    }
     numbers_as_floats(&mut v);
     v
 }
@@ -290,7 +300,7 @@ async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
             String::from_utf8_lossy(&applied.stderr)
         );
         let out = String::from_utf8_lossy(&applied.stdout);
-        assert_eq!(out.lines().count(), 30, "{out}");
+        assert_eq!(out.lines().count(), 35, "{out}");
     }
     // Printing changed nothing in a cluster that was never installed.
     let ns: Api<Namespace> = Api::all(via_install.client());
@@ -457,11 +467,39 @@ async fn uninstall_refuses_while_peered_and_force_removes_everything() {
         .create(&PostParams::default(), &tenant_ns)
         .await
         .expect("tenant namespace");
+    // A twin namespace holding a consumer's pods goes too; a namespace that only looks like
+    // one (not managed by Tether) stays.
+    let labelled = |name: &str, managed: bool| {
+        let mut l = BTreeMap::from([(
+            tether_api::names::labels::ORIGIN_NAMESPACE.to_owned(),
+            "shop".to_owned(),
+        )]);
+        if managed {
+            l.insert(
+                tether_api::names::labels::MANAGED_BY.to_owned(),
+                "tether".to_owned(),
+            );
+        }
+        Namespace {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.to_owned()),
+                labels: Some(l),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    };
+    for (name, managed) in [("shop-east-1", true), ("lookalike", false)] {
+        namespaces
+            .create(&PostParams::default(), &labelled(name, managed))
+            .await
+            .expect("namespace");
+    }
 
     let refused = sim.tether(&["uninstall", "--timeout", "20s"]).await;
     refused.assert_fails(4, &["still peers with east-1", "tether unpeer", "--force"]);
     assert!(
-        read_back(&client, "gone-1").await.len() == 29,
+        read_back(&client, "gone-1").await.len() == 34,
         "nothing was removed"
     );
 
@@ -493,6 +531,20 @@ async fn uninstall_refuses_while_peered_and_force_removes_everything() {
             .expect("read")
             .is_none()
     );
+    assert!(
+        namespaces
+            .get_opt("shop-east-1")
+            .await
+            .expect("read")
+            .is_none_or(|n| n.metadata.deletion_timestamp.is_some())
+    );
+    assert!(
+        namespaces
+            .get_opt("lookalike")
+            .await
+            .expect("read")
+            .is_some_and(|n| n.metadata.deletion_timestamp.is_none())
+    );
     // Uninstalling what is not there is a no-op.
     sim.tether(&["uninstall", "--timeout", "10s"])
         .await
@@ -519,4 +571,55 @@ async fn uninstall_keep_crds_leaves_only_the_crds() {
     }
     let ns: Api<Namespace> = Api::all(client.clone());
     assert!(ns.get_opt(SYSTEM_NAMESPACE).await.expect("read").is_none());
+}
+
+async fn controller_args(client: &kube::Client) -> Vec<String> {
+    Api::<Deployment>::namespaced(client.clone(), SYSTEM_NAMESPACE)
+        .get(objects::CONTROLLER)
+        .await
+        .expect("controller Deployment")
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|s| s.containers[0].args.clone().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn the_resource_enforcement_is_kept_until_a_flag_changes_it() {
+    let sim = Sim::start("install-enforcement").await;
+    let client = sim.client();
+    let bad = sim
+        .tether(&["install", "--no-wait", "--resource-enforcement", "strict"])
+        .await;
+    bad.assert_fails(2, &["strict", "none, soft, hard"]);
+
+    sim.tether(&["install", "--no-wait"]).await.assert_code(0);
+    assert!(
+        controller_args(&client)
+            .await
+            .contains(&"--resource-enforcement=soft".to_owned())
+    );
+    sim.tether(&["install", "--no-wait", "--resource-enforcement", "hard"])
+        .await
+        .assert_code(0);
+    assert!(
+        controller_args(&client)
+            .await
+            .contains(&"--resource-enforcement=hard".to_owned())
+    );
+    // A re-install without the flag keeps what was chosen.
+    sim.tether(&["install", "--no-wait"]).await.assert_code(0);
+    let args = controller_args(&client).await;
+    assert!(
+        args.contains(&"--resource-enforcement=hard".to_owned()),
+        "{args:?}"
+    );
+    sim.tether(&["install", "--no-wait", "--resource-enforcement", "none"])
+        .await
+        .assert_code(0);
+    assert!(
+        controller_args(&client)
+            .await
+            .contains(&"--resource-enforcement=none".to_owned())
+    );
 }

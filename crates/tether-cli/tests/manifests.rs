@@ -35,6 +35,7 @@ fn objects_come_in_dependency_order() {
         ClusterRole tether-controller
         ClusterRole tether-controller-tenant
         ClusterRole tether-tenant
+        ClusterRole tether-tenant-offloaded
         ClusterRole tether-gateway
         ClusterRole tether-gateway-nodes
         ClusterRole tether-fabric
@@ -42,12 +43,16 @@ fn objects_come_in_dependency_order() {
         ClusterRoleBinding tether-fabric
         Role tether-system/tether-controller
         Role default/tether-controller-apiserver
+        Role kube-node-lease/tether-controller-node-leases
         RoleBinding tether-system/tether-controller
         RoleBinding default/tether-controller-apiserver
+        RoleBinding kube-node-lease/tether-controller-node-leases
         ConfigMap tether-system/tether-cluster-id
         Deployment tether-system/tether-controller
         DaemonSet tether-system/tether-fabric
         Service tether-system/tether-auth
+        Service tether-system/tether-webhook
+        MutatingWebhookConfiguration tether-pods
     "#]]
     .assert_eq(&(order.join("\n") + "\n"));
 }
@@ -131,6 +136,7 @@ fn flags_change_the_service_type_replicas_image_and_controller_args() {
             "--api-server-url=https://203.0.113.10:6443",
             "--auth-url=https://203.0.113.10:30443",
             "--identity-lifetime=1h",
+            "--resource-enforcement=soft",
         ]
         service type: Some("NodePort")
     "#]]
@@ -154,7 +160,7 @@ fn rendering_is_deterministic() {
     let json: serde_json::Value =
         serde_json::from_str(&manifests::to_json(&manifests::render(&options()))).expect("json");
     assert_eq!(json["kind"], "List");
-    assert_eq!(json["items"].as_array().map(Vec::len), Some(29));
+    assert_eq!(json["items"].as_array().map(Vec::len), Some(34));
 }
 
 /// The whole of what Tether's roles allow. A change here is a change of the controller's
@@ -178,7 +184,7 @@ fn no_role_has_a_wildcard() {
             rule.verbs.push("*".to_owned());
         }
     }
-    assert_eq!(manifests::wildcards(&tampered).len(), 6);
+    assert_eq!(manifests::wildcards(&tampered).len(), 7);
 }
 
 /// The controller's arguments as `tetherd controller` parses them: the shared admin and log
@@ -201,12 +207,15 @@ fn the_controller_arguments_parse_with_the_daemons_flag_types() {
         auth_url: Option<String>,
         #[arg(long)]
         gateway_image: String,
+        #[arg(long)]
+        resource_enforcement: tether_resources::Enforcement,
     }
     let mut opts = options();
     opts.identity_lifetime = Some(tether_cli::text::format_duration_one_unit(
         tether_cli::text::parse_duration("1h30m").expect("duration"),
     ));
     opts.auth_url = Some("https://203.0.113.10:30443".to_owned());
+    opts.resource_enforcement = tether_resources::Enforcement::Hard;
     let args = manifests::render(&opts)
         .into_iter()
         .find_map(|m| match m {
@@ -230,5 +239,9 @@ fn the_controller_arguments_parse_with_the_daemons_flag_types() {
         Some("https://203.0.113.10:30443")
     );
     assert!(parsed.api_server_url.is_none());
+    assert_eq!(
+        parsed.resource_enforcement,
+        tether_resources::Enforcement::Hard
+    );
     let _ = parsed.log;
 }

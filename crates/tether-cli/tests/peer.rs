@@ -44,6 +44,8 @@ async fn secret_names(client: &kube::Client) -> Vec<String> {
         .items
         .into_iter()
         .filter_map(|s| s.metadata.name)
+        // `tether install` writes the admission webhook's certificate; a peering does not.
+        .filter(|n| n != tether_api::names::objects::WEBHOOK_TLS_SECRET)
         .collect();
     names.sort();
     names

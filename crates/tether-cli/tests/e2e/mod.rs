@@ -130,6 +130,24 @@ impl Env {
     pub fn underlay(&self) -> &str {
         &self.underlay
     }
+
+    /// The PID of `sim`'s daemon (its API server and controllers), from the state directory
+    /// and checked against `/proc`, so a test only ever signals a process it started.
+    pub fn daemon_pid(&self, sim: &Sim) -> u32 {
+        let path = self.state.path().join(&sim.name).join("daemon.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        let record: serde_json::Value = serde_json::from_str(&text).expect("daemon record");
+        let pid = record["pid"].as_u64().expect("pid") as u32;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline);
+        assert!(
+            cmdline.contains("simkube") && cmdline.contains(&sim.name),
+            "process {pid} is not {}'s daemon: {cmdline:?}",
+            sim.name
+        );
+        pid
+    }
 }
 
 impl Drop for Env {

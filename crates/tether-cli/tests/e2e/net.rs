@@ -88,6 +88,29 @@ pub fn view_of(sim: &Sim, remote_id: &str) -> String {
 
 /// Runs a traffic pod in `from` and returns the peer addresses the echo reported.
 pub fn talk(from: &Sim, name: &str, node: &str, proto: &str, target: &str) -> Vec<String> {
+    answers(from, name, node, proto, target, "peer=")
+}
+
+/// Runs a traffic pod in `from` and returns the names of the echo pods that answered.
+pub fn answering_pods(
+    from: &Sim,
+    name: &str,
+    node: &str,
+    proto: &str,
+    target: &str,
+) -> Vec<String> {
+    answers(from, name, node, proto, target, "pod=")
+}
+
+/// Runs a traffic pod in `from` and returns the `field` of every answer line.
+fn answers(
+    from: &Sim,
+    name: &str,
+    node: &str,
+    proto: &str,
+    target: &str,
+    field: &str,
+) -> Vec<String> {
     from.apply_as(
         std::path::Path::new(from.kubeconfig()),
         &traffic_pod(name, node, proto, target),
@@ -107,7 +130,10 @@ pub fn talk(from: &Sim, name: &str, node: &str, proto: &str, target: &str) -> Ve
         "{name} ({proto} to {target}) failed:\n{logs}"
     );
     logs.lines()
-        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix("peer=")))
-        .map(|p| p.rsplit_once(':').map_or(p, |(ip, _)| ip).to_owned())
+        .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix(field)))
+        .map(|p| match field {
+            "peer=" => p.rsplit_once(':').map_or(p, |(ip, _)| ip).to_owned(),
+            _ => p.to_owned(),
+        })
         .collect()
 }
