@@ -3,7 +3,8 @@
 //! does its job: run the tests, or bring up the main job.
 //!
 //! ```text
-//! cargo xtask up            set up, build, run the main job (clusters c1 and c2, peered)
+//! cargo xtask up            set up, build, run the main job (clusters c1 and c2, peered, a
+//!                           namespace offloaded)
 //! cargo xtask down          remove what `up` brought up
 //! cargo xtask test [ARGS]   set up, then cargo test --workspace --locked --no-fail-fast ARGS
 //! cargo xtask setup         only install the missing system packages
@@ -22,7 +23,9 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   up            install what is missing, build, and run the main job: two simulated two-node
                 clusters c1 and c2 (kubeconfigs c1.kubeconfig and c2.kubeconfig), Tether
-                installed in both, and c1 peered with c2 as its provider; needs root
+                installed in both, c1 peered with c2 as its provider (2 CPUs, 4Gi, 20 pods
+                granted: the virtual node c2), and namespace demo offloaded with a Deployment
+                that runs on both clusters behind one Service; needs root
   down          remove what `up` brought up (both clusters); needs root
   test [ARGS]   install what is missing, then `cargo test --workspace --locked --no-fail-fast
                 ARGS`; reports every test that skipped, and with CI set fails if any did
@@ -120,18 +123,166 @@ fn main_job() -> Result {
         "peer",
         "--remote-kubeconfig",
         &kubeconfig(provider),
+        "--cpu",
+        "2",
+        "--memory",
+        "4Gi",
+        "--pods",
+        "20",
     ])?;
+    demo(consumer, provider)?;
     tether(&["--kubeconfig", &kubeconfig(consumer), "status"])?;
     println!(
-        "\nTwo clusters, peered: {consumer} consumes from {provider} and a tunnel joins their \
-         pod networks. Try:\n  \
-         kubectl --kubeconfig {consumer}.kubeconfig get foreignclusters\n  \
-         kubectl --kubeconfig {provider}.kubeconfig get tenants\n  \
-         kubectl --kubeconfig {consumer}.kubeconfig get configurations,connections -A\n  \
+        "\nTwo clusters, peered: {consumer} consumes from {provider}, whose grant is the virtual \
+         node {provider} of {consumer}, and a tunnel joins their pod networks. Namespace demo is \
+         offloaded: its Deployment hello runs on both clusters behind one Service. Try:\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig get nodes\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig -n demo get pods -o wide\n  \
+         kubectl --kubeconfig {provider}.kubeconfig -n demo-{consumer} get pods -o wide\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig -n demo scale deployment hello --replicas 8\n  \
+         kubectl --kubeconfig {consumer}.kubeconfig get foreignclusters,resourceslices,virtualnodes -A\n  \
          cargo run -q -p tether-cli -- --kubeconfig {provider}.kubeconfig status\n  \
          cargo xtask down"
     );
     Ok(())
+}
+
+/// The playground's demo: namespace `demo` offloaded from `consumer` to `provider`, the
+/// Deployment of docs/examples/demo.yaml in it, and a check that its Service answers from a
+/// pod of each cluster.
+fn demo(consumer: &str, provider: &str) -> Result {
+    let kc = kubeconfig(consumer);
+    if kubectl_output(&kc, &["get", "namespace", "demo", "-o", "name"]).is_err() {
+        run(Command::new("kubectl")
+            .args(["--kubeconfig", &kc, "create", "namespace", "demo"])
+            .current_dir(workspace_root()))?;
+    }
+    tether(&["--kubeconfig", &kc, "offload", "namespace", "demo"])?;
+    run(Command::new("kubectl")
+        .args([
+            "--kubeconfig",
+            &kc,
+            "apply",
+            "-f",
+            "docs/examples/demo.yaml",
+        ])
+        .current_dir(workspace_root()))?;
+    run(Command::new("kubectl")
+        .args([
+            "--kubeconfig",
+            &kc,
+            "-n",
+            "demo",
+            "rollout",
+            "status",
+            "deployment/hello",
+            "--timeout=180s",
+        ])
+        .current_dir(workspace_root()))?;
+    let pods = kubectl_output(
+        &kc,
+        &[
+            "-n",
+            "demo",
+            "get",
+            "pods",
+            "-l",
+            "app=hello",
+            "--field-selector",
+            "status.phase=Running",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName}{\"\\n\"}{end}",
+        ],
+    )?;
+    let pods: Vec<(String, String)> = pods
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(p, n)| (p.to_owned(), n.to_owned()))
+        .collect();
+    let remote: Vec<&str> = pods
+        .iter()
+        .filter(|(_, n)| n == provider)
+        .map(|(p, _)| p.as_str())
+        .collect();
+    let Some((local, _)) = pods.iter().find(|(_, n)| n != provider) else {
+        return Err(format!(
+            "every pod of the demo runs on the virtual node {provider}; scale it up \
+             (`kubectl -n demo scale deployment hello --replicas 8`) to see both clusters"
+        ));
+    };
+    if remote.is_empty() {
+        return Err(format!(
+            "no pod of the demo landed on the virtual node {provider}: `kubectl --kubeconfig {kc} \
+             describe node {provider}` and `kubectl --kubeconfig {kc} -n demo get events` say why"
+        ));
+    }
+    // The Service, asked from a pod of this cluster, answers from both clusters.
+    let mut answered = std::collections::BTreeSet::new();
+    for _ in 0..16 {
+        let out = kubectl_output(
+            &kc,
+            &[
+                "-n",
+                "demo",
+                "exec",
+                local,
+                "--",
+                "curl",
+                "-s",
+                "--max-time",
+                "3",
+                "http://hello.demo/",
+            ],
+        )
+        .unwrap_or_default();
+        if let Some(pod) = out.split_whitespace().find_map(|w| w.strip_prefix("pod=")) {
+            answered.insert(pod.to_owned());
+        }
+        if answered.iter().any(|p| remote.contains(&p.as_str()))
+            && answered.iter().any(|p| !remote.contains(&p.as_str()))
+        {
+            break;
+        }
+    }
+    let from_remote: Vec<&String> = answered
+        .iter()
+        .filter(|p| remote.contains(&p.as_str()))
+        .collect();
+    if from_remote.is_empty() {
+        return Err(format!(
+            "the Service hello answered only from {consumer}'s own pods ({answered:?}), not from \
+             the offloaded ones {remote:?}; `kubectl --kubeconfig {kc} -n demo get \
+             endpointslices` and `tether status` show where traffic stops"
+        ));
+    }
+    println!(
+        "xtask: the Service demo/hello answered from {} pod(s), {} of them offloaded to {provider} \
+         ({})",
+        answered.len(),
+        from_remote.len(),
+        from_remote
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// kubectl's standard output, or an error with its standard error.
+fn kubectl_output(kubeconfig: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .map_err(|e| format!("cannot run kubectl: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
 }
 
 fn kubeconfig(cluster: &str) -> String {

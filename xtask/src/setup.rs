@@ -31,6 +31,10 @@ pub(crate) const BASE: &[Package] = &[
         "ip: network namespaces, links, addresses and routes",
     ),
     package("iputils-ping", "ping: reachability in network tests"),
+    package(
+        "curl",
+        "curl: the main job's requests through the demo Service",
+    ),
     package("ethtool", "offload settings in data-plane tests"),
     package("procps", "ps and sysctl"),
     package("psmisc", "fuser and killall, to look at stuck tests"),
