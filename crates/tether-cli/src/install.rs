@@ -400,6 +400,15 @@ fn describe_batch(batch: &[Manifest]) -> String {
     match batch {
         [one] => one.describe(),
         [first, ..] if group_of(first) == "CRDs" => format!("{} CRDs", batch.len()),
+        [first, ..] if group_of(first) == "service" => format!(
+            "{} Services ({})",
+            batch.len(),
+            batch
+                .iter()
+                .map(Manifest::name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         _ => format!(
             "RBAC: {} objects (ServiceAccount, ClusterRoles, Roles and bindings)",
             batch.len()

@@ -883,9 +883,10 @@ spec:
         ip.parse().expect("pod IP")
     };
     let seen_by_provider = remapped(&view_of(b, CONSUMER), here_ip).to_string();
+    // Reflection re-checks every 10 s besides its watches; a loaded machine needs a few rounds.
     b.wait(
         "the reflected EndpointSlice",
-        Duration::from_secs(20),
+        Duration::from_secs(45),
         || {
             remote(
                 &["endpointslices", "-l", "kubernetes.io/service-name=here"],

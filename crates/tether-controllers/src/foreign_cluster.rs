@@ -329,7 +329,15 @@ async fn offloading_condition(
                 now_time(),
             );
         } else {
-            conditions_remove(st, types::OFFLOADING);
+            conditions::set(
+                &mut st.conditions,
+                types::OFFLOADING,
+                Status::Unknown,
+                "ModuleDisabled",
+                "the offloading module is off for this peering",
+                generation,
+                now_time(),
+            );
         }
         return Ok(());
     }
@@ -501,20 +509,6 @@ async fn finish(
             );
         }
     }
-    let message = if fc.spec.modules.offloading.enabled {
-        "the offloading module is not available in this version of Tether"
-    } else {
-        "the offloading module is off for this peering"
-    };
-    conditions::set(
-        &mut st.conditions,
-        types::OFFLOADING,
-        Status::Unknown,
-        "ModuleDisabled",
-        message,
-        generation,
-        now.clone(),
-    );
     let previous = fc.status.as_ref().and_then(|s| s.phase);
     if previous != Some(outcome.phase) {
         tracing::info!(

@@ -122,6 +122,24 @@ pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
     octx.nodes.stop_all().await;
 }
 
+/// The names of this cluster's virtual nodes (Nodes labelled as such).
+pub async fn virtual_node_names(
+    client: &kube::Client,
+) -> Result<std::collections::BTreeSet<String>, Error> {
+    Ok(Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .list(&kube::api::ListParams::default().labels(&format!(
+            "{}={}",
+            tether_api::names::labels::TYPE,
+            tether_api::names::labels::TYPE_VIRTUAL_NODE
+        )))
+        .await
+        .map_err(Error::kube("listing virtual nodes"))?
+        .items
+        .iter()
+        .map(ResourceExt::name_any)
+        .collect())
+}
+
 fn error_policy<K: kube::Resource<DynamicType = ()>>(
     k: Arc<K>,
     e: &Error,

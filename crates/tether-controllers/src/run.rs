@@ -14,9 +14,10 @@ use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use tether_api::ClusterId;
-use tether_api::authentication::Tenant;
+use tether_api::authentication::{ResourceSlice, Tenant};
 use tether_api::core::{ForeignCluster, Phase};
 use tether_api::networking::{Configuration, GatewayClient, GatewayServer};
+use tether_api::offloading::VirtualNode;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::tls::AuthCert;
@@ -146,11 +147,25 @@ impl Replica {
         let providers = fctx.clients.clone();
         let fcs: Api<ForeignCluster> = Api::all(client.clone());
         let tenants: Api<Tenant> = Api::all(client.clone());
-        let fc_controller = Controller::new(fcs, watcher::Config::default()).watches(
-            tenants.clone(),
-            watcher::Config::default(),
-            |t: Tenant| Some(ObjectRef::new(&t.name_any())),
-        );
+        let this = ctx.cluster_id().as_str().to_owned();
+        // A peering's Offloading condition follows its requests and their virtual nodes.
+        let fc_controller = Controller::new(fcs, watcher::Config::default())
+            .watches(tenants.clone(), watcher::Config::default(), |t: Tenant| {
+                Some(ObjectRef::new(&t.name_any()))
+            })
+            .watches(
+                Api::<ResourceSlice>::all(client.clone()),
+                watcher::Config::default(),
+                move |s: ResourceSlice| {
+                    (s.spec.consumer_cluster_id == this)
+                        .then(|| ObjectRef::new(&s.spec.provider_cluster_id))
+                },
+            )
+            .watches(
+                Api::<VirtualNode>::all(client.clone()),
+                watcher::Config::default(),
+                |v: VirtualNode| Some(ObjectRef::new(&v.spec.cluster_id)),
+            );
         let store = fc_controller.store();
         let fc_run = fc_controller
             .graceful_shutdown_on(stop.clone().cancelled_owned())

@@ -341,18 +341,7 @@ async fn unoffload(no: &NamespaceOffloading, octx: &OffCtx) -> Result<Action, Er
     let ctx = &octx.ctx;
     let ns = no.namespace().unwrap_or_default();
     label_namespace(&ctx.client, &ns, false).await?;
-    let virtual_nodes: BTreeSet<String> = Api::<Node>::all(ctx.client.clone())
-        .list(&ListParams::default().labels(&format!(
-            "{}={}",
-            labels::TYPE,
-            labels::TYPE_VIRTUAL_NODE
-        )))
-        .await
-        .map_err(Error::kube("listing virtual nodes"))?
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let virtual_nodes = super::virtual_node_names(&ctx.client).await?;
     // The pods there now are deleted, and waited for; ones their controllers make meanwhile
     // are no longer offloaded (their reflection holds them back) and are not waited for.
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);

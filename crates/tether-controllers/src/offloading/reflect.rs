@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -22,7 +22,7 @@ use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
-use tether_api::names::{TENANT_NAMESPACE_PREFIX, labels};
+use tether_api::names::TENANT_NAMESPACE_PREFIX;
 use tether_api::networking::Configuration;
 use tether_api::offloading::NamespaceOffloading;
 use tokio_util::sync::CancellationToken;
@@ -178,18 +178,7 @@ async fn reflect_into(
     );
     apply(octx, &remote, ops, "Service", twin).await?;
 
-    let virtual_nodes: BTreeSet<String> = Api::<Node>::all(ctx.client.clone())
-        .list(&ListParams::default().labels(&format!(
-            "{}={}",
-            labels::TYPE,
-            labels::TYPE_VIRTUAL_NODE
-        )))
-        .await
-        .map_err(Error::kube("listing virtual nodes"))?
-        .items
-        .iter()
-        .map(ResourceExt::name_any)
-        .collect();
+    let virtual_nodes = super::virtual_node_names(&ctx.client).await?;
     // Events only inform: their failure does not hold back the Services' endpoints.
     if let Err(e) = copy_events(octx, ns, twin, provider, &access, &virtual_nodes).await {
         tracing::warn!(namespace = %ns, provider = %provider, error = %e, "copying Events back failed");
