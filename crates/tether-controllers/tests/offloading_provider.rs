@@ -4,6 +4,8 @@
 //! taken name, admission within the grant, the Pod and its status, drift repair, what the
 //! consumer's identity may do in its twin, and the twin's removal with the request.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,7 +30,6 @@ use tether_api::offloading::{
     NamespaceMappingStrategy, NamespaceOffloading, NamespaceOffloadingSpec, ShadowPod,
     ShadowPodSpec,
 };
-use tether_controllers::context::Settings;
 use tether_controllers::metrics::Metrics;
 use tether_controllers::run::{self, Replica};
 use tether_testkit::assert_eventually_async;
@@ -132,20 +133,7 @@ impl Provider {
             .await
             .expect("node status");
 
-        let settings = Settings {
-            namespace: NS.into(),
-            service_account: objects::CONTROLLER.into(),
-            auth_service: objects::AUTH_SERVICE.into(),
-            identity_lifetime: Duration::from_secs(600),
-            api_server_url: Some(cluster.url()),
-            auth_url: Some("https://127.0.0.1:1".into()),
-            ping_interval: Duration::from_secs(2),
-            gateway_image: objects::IMAGE.into(),
-            pod_ip: None,
-            resource_enforcement: tether_resources::Enforcement::Soft,
-            webhook_listen: None,
-            kubelet_listen: None,
-        };
+        let settings = support::settings(NS, cluster.url());
         let stop = CancellationToken::new();
         let (replica, _tasks) = run::start(
             client.clone(),

@@ -3,6 +3,8 @@
 //! it. Covers issuing, the provider's records, every refusal (wrong/expired/revoked token,
 //! fingerprint, tampered signature, cluster-ID conflicts, rate limiting), renewal and unpeering.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +29,6 @@ use tether_api::peering::{PeeringToken, TOKEN_KEY};
 use tether_controllers::auth::client::{AuthClient, ClientError};
 use tether_controllers::auth::csr::ClientKey;
 use tether_controllers::auth::protocol::{self, IdentityRequest, Reason};
-use tether_controllers::context::Settings;
 use tether_controllers::identity::Keys;
 use tether_controllers::metrics::Metrics;
 use tether_controllers::run::{self, Replica};
@@ -91,20 +92,7 @@ impl Side {
             .create(&PostParams::default(), &role)
             .await
             .expect("tenant role");
-        let settings = Settings {
-            namespace: NS.into(),
-            service_account: objects::CONTROLLER.into(),
-            auth_service: objects::AUTH_SERVICE.into(),
-            identity_lifetime: Duration::from_secs(600),
-            api_server_url: Some(cluster.url()),
-            auth_url: Some("https://127.0.0.1:1".into()),
-            ping_interval: Duration::from_secs(2),
-            gateway_image: objects::IMAGE.into(),
-            pod_ip: None,
-            webhook_listen: None,
-            kubelet_listen: None,
-            resource_enforcement: tether_resources::Enforcement::Soft,
-        };
+        let settings = support::settings(NS, cluster.url());
         let stop = CancellationToken::new();
         let id = ClusterId::new(id).expect("id");
         let metrics = Metrics::register(&mut Registry::default());
