@@ -16,6 +16,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
         networking::GatewayServer::crd(),
         networking::GatewayClient::crd(),
         networking::Connection::crd(),
+        networking::IP::crd(),
         offloading::VirtualNode::crd(),
         offloading::NamespaceOffloading::crd(),
         offloading::ShadowPod::crd(),

@@ -1,5 +1,6 @@
 //! `networking.tether.dev`: Configuration (CIDRs and remaps), GatewayServer and GatewayClient
-//! (the two ends of a tunnel) and Connection (its health).
+//! (the two ends of a tunnel), Connection (its health) and IP (a local address published to
+//! peers under a host of the external CIDR).
 
 use kube_derive::CustomResource;
 use schemars::JsonSchema;
@@ -99,7 +100,88 @@ pub struct ConfigurationStatus {
     /// The remote CIDRs as this cluster sees them (index-aligned with `spec.remote.cidr`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub remote: Option<ClusterCidrs>,
+    /// Local addresses this cluster's gateway publishes to the remote cluster, each under a
+    /// host of this cluster's external CIDR: the assigned IP objects of this cluster. The
+    /// gateway applies changes to this list without restarting the tunnel.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 4096))]
+    pub published: Vec<PublishedAddress>,
     /// Conditions; `Ready` once every remote CIDR has a local view.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// One local address a gateway publishes to its peer.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedAddress {
+    /// The address in this cluster's external CIDR; the peer reaches it at the same host of
+    /// its view of that CIDR.
+    #[schemars(regex(pattern = IPV4_PATTERN))]
+    pub external: String,
+    /// The local address it stands for.
+    #[schemars(regex(pattern = IPV4_PATTERN))]
+    pub ip: String,
+    /// The IP object behind it, `namespace/name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+}
+
+/// An IPv4 address such as `192.168.1.10`.
+const IPV4_PATTERN: &str = r"^([0-9]{1,3}\.){3}[0-9]{1,3}$";
+
+/// An address of this cluster's network that is not a pod (a host, a VM, a device next to the
+/// cluster) made reachable from the pods of every peer, offloaded pods included: the
+/// controller gives it a host of the external CIDR (`status.ip`) and every gateway of this
+/// cluster publishes it there. A peer's pod reaches it at the same host of that peer's view of
+/// this cluster's external CIDR.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "networking.tether.dev",
+    version = "v1alpha1",
+    kind = "IP",
+    plural = "ips",
+    shortname = "eip",
+    category = "tether",
+    namespaced,
+    status = "IPStatus",
+    derive = "PartialEq",
+    crates(kube_core = "::kube_core"),
+    doc = "A local address that is not a pod, published to every peer under a host of this cluster's external CIDR.",
+    printcolumn(name = "IP", type_ = "string", json_path = ".spec.ip"),
+    printcolumn(name = "External", type_ = "string", json_path = ".status.ip"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct IPSpec {
+    /// The local IPv4 address to publish: not a pod or Service address (those are reached
+    /// directly) and not inside the external CIDR.
+    #[schemars(regex(pattern = IPV4_PATTERN))]
+    pub ip: String,
+}
+
+/// Where the address is published.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IPStatus {
+    /// The address's host in this cluster's external CIDR, assigned once and kept while the
+    /// object lives (hosts 1 and 2 stand for the control plane and are never assigned).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// The external CIDR `ip` belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<String>,
+    /// Conditions; `Ready` once the address has a host and the gateways publish it, else why
+    /// not and what to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
 }

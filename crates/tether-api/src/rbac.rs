@@ -99,6 +99,10 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
             &["configurations", "gatewayservers", "gatewayclients"],
             READ,
         ),
+        // IPs (ExternalIPRemapping) live in any namespace: the controller gives each a host
+        // of the external CIDR in its status.
+        rule(&[NETWORKING], &["ips"], READ),
+        rule(&[NETWORKING], &["ips/status"], &["get", "update", "patch"]),
         // Cluster-wide and with update, so that their finalizers can still be removed when
         // a tenant namespace (and the binding inside it) is being deleted.
         rule(
@@ -140,6 +144,9 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
         // twins; any namespace may be offloaded, so it reads these kinds cluster-wide.
         rule(&[CORE], &["configmaps", "secrets", "services"], READ),
         rule(&["discovery.k8s.io"], &["endpointslices"], READ),
+        // The consumer's side: an offloaded pod authenticates to this API server as its own
+        // ServiceAccount, with a token the controller mints for it (as the kubelet would).
+        rule(&[CORE], &["serviceaccounts/token"], &["create"]),
         // The pod webhook's configuration, whose caBundle the controller keeps.
         named(
             &["admissionregistration.k8s.io"],

@@ -146,6 +146,7 @@ fn every_kind_has_status_short_name_columns_and_the_tether_category() {
             "gatewayservers.networking.tether.dev",
             "gatewayclients.networking.tether.dev",
             "connections.networking.tether.dev",
+            "ips.networking.tether.dev",
             "virtualnodes.offloading.tether.dev",
             "namespaceoffloadings.offloading.tether.dev",
             "shadowpods.offloading.tether.dev",

@@ -32,8 +32,9 @@ fn run() -> Result {
     bench.tether(&b, &["install", "--cluster-id", "bench-b"])?;
     let counters = Counters::install(&bench.underlay)?;
 
-    let controllers =
-        |id: &str| controller_pid(id).ok_or(format!("no controller process for {id}"));
+    let controllers = |id: &str| {
+        common::measure::tetherd_controller(id).ok_or(format!("no controller process for {id}"))
+    };
     let (ca, cb) = (controllers("bench-a")?, controllers("bench-b")?);
     eprintln!("measuring {}s of idle before peering ...", idle.as_secs());
     let before = counters.read()?;
@@ -222,26 +223,4 @@ fn sample(pid: u32, over: Duration) -> Result<Sample> {
         rss_mib: rss_kib / 1024.0,
         mcpu,
     })
-}
-
-/// The controller process of cluster `id` (pods are processes here).
-fn controller_pid(id: &str) -> Option<u32> {
-    let wanted = format!("TETHER_CLUSTER_ID={id}");
-    std::fs::read_dir("/proc")
-        .ok()?
-        .flatten()
-        .find_map(|entry| {
-            let pid: u32 = entry.file_name().to_string_lossy().parse().ok()?;
-            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
-            let mut args = cmdline.split(|b| *b == 0);
-            let program = args.next()?;
-            if !program.ends_with(b"tetherd") || args.next()? != b"controller" {
-                return None;
-            }
-            let environ = std::fs::read(entry.path().join("environ")).ok()?;
-            environ
-                .split(|b| *b == 0)
-                .any(|v| v == wanted.as_bytes())
-                .then_some(pid)
-        })
 }

@@ -525,6 +525,9 @@ fn fabric(opts: &InstallOptions) -> DaemonSet {
                         operator: Some("Exists".to_owned()),
                         ..Default::default()
                     }]),
+                    // Tolerating every taint would take in virtual nodes too, where a fabric
+                    // has nothing to route and its pod would wait for ever.
+                    affinity: Some(not_on_virtual_nodes()),
                     termination_grace_period_seconds: Some(10),
                     ..Default::default()
                 }),
@@ -532,6 +535,31 @@ fn fabric(opts: &InstallOptions) -> DaemonSet {
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// Required node affinity that keeps a pod off Tether's virtual nodes.
+fn not_on_virtual_nodes() -> k8s_openapi::api::core::v1::Affinity {
+    use k8s_openapi::api::core::v1::{
+        Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    };
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_expressions: Some(vec![NodeSelectorRequirement {
+                        key: tether_api::names::labels::TYPE.to_owned(),
+                        operator: "NotIn".to_owned(),
+                        values: Some(vec![
+                            tether_api::names::labels::TYPE_VIRTUAL_NODE.to_owned(),
+                        ]),
+                    }]),
+                    match_fields: None,
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
 }
 

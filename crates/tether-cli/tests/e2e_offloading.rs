@@ -9,7 +9,9 @@
 //! consumer's view, are replaced and deleted both ways, and stay Pending with the reason when
 //! they exceed the grant (the consumer's scheduler) or the provider refuses them (its
 //! enforcement); the pod webhook places pods of a Remote namespace there and no other pod goes
-//! there; unoffloading and unpeering remove every node, slice, lease, twin and pod. Needs root (the clusters' pods are processes in network namespaces); in CI it
+//! there; an offloaded pod reaches the consumer's API server with its own ServiceAccount and
+//! the consumer's RBAC decides; unoffloading and unpeering remove every node, slice, lease,
+//! twin and pod. Needs root (the clusters' pods are processes in network namespaces); in CI it
 //! must run.
 
 mod e2e;
@@ -351,38 +353,6 @@ fn resources_are_negotiated_into_virtual_nodes_that_follow_the_provider() {
     );
 }
 
-/// A Deployment of echo pods in namespace `ns`, with nothing about where to run: the pod
-/// webhook places them.
-fn deployment(ns: &str, name: &str, replicas: u32, cpu: Option<&str>) -> String {
-    let resources = match cpu {
-        Some(cpu) => format!(
-            "
-        resources:
-          requests: {{cpu: {cpu}, memory: 32Mi}}"
-        ),
-        None => String::new(),
-    };
-    format!(
-        "apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {name}
-  namespace: {ns}
-spec:
-  replicas: {replicas}
-  selector:
-    matchLabels: {{app: {name}}}
-  template:
-    metadata:
-      labels: {{app: {name}}}
-    spec:
-      containers:
-      - name: echo
-        image: simkube.dev/echo{resources}
-"
-    )
-}
-
 fn pods_of(sim: &Sim, ns: &str, app: &str) -> Vec<String> {
     sim.names(&["pods", "-n", ns, "-l", &format!("app={app}")])
         .into_iter()
@@ -414,7 +384,8 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
     );
 
     // Outside offloaded namespaces nothing tolerates the virtual node: none lands there.
-    a.apply_as(kc, &deployment("default", "stay", 3, None)).ok();
+    a.apply_as(kc, &e2e::echo_deployment("default", "stay", 3, None))
+        .ok();
     a.wait("three local pods Running", Duration::from_secs(60), || {
         let pods = pods_of(a, "default", "stay");
         pods.len() == 3
@@ -435,7 +406,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
     // The webhook placed the pods of the Remote namespace on the virtual node (toleration and
     // affinity); they run at the provider and answer at their address in the consumer's view
     // of the provider's pod CIDR.
-    a.apply_as(kc, &deployment("shop", "echo", 2, Some("100m")))
+    a.apply_as(kc, &e2e::echo_deployment("shop", "echo", 2, Some("100m")))
         .ok();
     a.wait(
         "two offloaded echo pods Running",
@@ -451,6 +422,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
     let remote = pods_of(b, &twin, "echo");
     assert_eq!(remote.len(), 2, "the provider runs both: {remote:?}");
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
+    consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
     for p in pods_of(a, "shop", "echo") {
         assert_eq!(
             a.jsonpath(&["pod", "-n", "shop", &p], "{.spec.nodeName}"),
@@ -552,7 +524,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
 
     // Beyond the grant (1 CPU, 200m used): two of three 350m pods fit, the third stays
     // Pending on the scheduler's reason (Remote: no other node is allowed).
-    a.apply_as(kc, &deployment("shop", "big", 3, Some("350m")))
+    a.apply_as(kc, &e2e::echo_deployment("shop", "big", 3, Some("350m")))
         .ok();
     a.wait(
         "two big pods Running, one Pending",
@@ -580,7 +552,8 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         .ok();
 
     // A pod without requests is refused by the provider's enforcement, with the reason.
-    a.apply_as(kc, &deployment("shop", "bare", 1, None)).ok();
+    a.apply_as(kc, &e2e::echo_deployment("shop", "bare", 1, None))
+        .ok();
     a.wait("the bare pod refused", Duration::from_secs(60), || {
         pods_of(a, "shop", "bare").first().is_some_and(|p| {
             a.jsonpath(&["pod", "-n", "shop", p], "{.status.reason}") == "MissingRequests"
@@ -615,6 +588,72 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
             "{.metadata.labels.tether\\.dev/offloading-enabled}"
         ),
         ""
+    );
+}
+
+/// An offloaded pod reaches the consumer's API server as `kubernetes.default`, through the
+/// tunnel to the address the consumer's gateway publishes, with a token of its own
+/// ServiceAccount; the consumer's RBAC decides what it may do.
+fn consumer_api_from_an_offloaded_pod(a: &Sim, pod: &str) {
+    let kc = std::path::Path::new(a.kubeconfig());
+    a.apply_as(
+        kc,
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {name: greeting, namespace: shop}
+data: {hello: world}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: read-config, namespace: shop}
+rules:
+- apiGroups: ['']
+  resources: [configmaps]
+  verbs: [get, list]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: default-reads-config, namespace: shop}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-config}
+subjects:
+- {kind: ServiceAccount, name: default, namespace: shop}
+",
+    )
+    .ok();
+    let call = |what: &str, format: &str| {
+        let script = format!(
+            "d=/var/run/secrets/kubernetes.io/serviceaccount; curl -sS --max-time 10 {format} \
+             --cacert $d/ca.crt -H \"Authorization: Bearer $(cat $d/token)\" \
+             https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT/api/v1/namespaces/$(cat \
+             $d/namespace)/{what}"
+        );
+        a.kubectl(&["exec", "-n", "shop", pod, "--", "sh", "-c", &script])
+    };
+    let host = a.kubectl(&[
+        "exec",
+        "-n",
+        "shop",
+        pod,
+        "--",
+        "sh",
+        "-c",
+        "echo $KUBERNETES_SERVICE_HOST",
+    ]);
+    assert_eq!(host.ok().stdout.trim(), "kubernetes.default");
+    // The namespace is the consumer's (the twin has another name, and the provider's API
+    // server would refuse the consumer's token), so an answer listing the ConfigMap comes
+    // from the consumer's API server.
+    let listed = call("configmaps", "");
+    listed.ok();
+    assert!(
+        listed.stdout.contains("\"ConfigMapList\"") && listed.stdout.contains("\"greeting\""),
+        "the offloaded pod lists its namespace's ConfigMaps at the consumer: {listed:?}"
+    );
+    let denied = call("secrets", "-o /dev/null -w %{http_code}");
+    assert_eq!(
+        denied.ok().stdout.trim(),
+        "403",
+        "its ServiceAccount may not list Secrets: {denied:?}"
     );
 }
 
@@ -884,16 +923,32 @@ spec:
     };
     let seen_by_provider = remapped(&view_of(b, CONSUMER), here_ip).to_string();
     // Reflection re-checks every 10 s besides its watches; a loaded machine needs a few rounds.
-    b.wait(
-        "the reflected EndpointSlice",
-        Duration::from_secs(45),
-        || {
-            remote(
-                &["endpointslices", "-l", "kubernetes.io/service-name=here"],
-                "{.items[*].endpoints[*].addresses[0]}",
-            ) == seen_by_provider
-        },
-    );
+    let deadline = Instant::now() + Duration::from_secs(45);
+    loop {
+        // Tether's slice: the provider's EndpointSlice controller keeps its own, empty one.
+        let seen = remote(
+            &[
+                "endpointslices",
+                "-l",
+                "kubernetes.io/service-name=here,endpointslice.kubernetes.io/managed-by=tether",
+            ],
+            "{.items[*].endpoints[*].addresses[0]}",
+        );
+        if seen == seen_by_provider {
+            break;
+        }
+        if Instant::now() > deadline {
+            let all = b.kubectl(&["get", "endpointslices", "-n", twin, "-o", "yaml"]);
+            let local = a.kubectl(&["get", "endpointslices", "-n", "shop", "-o", "yaml"]);
+            panic!(
+                "the reflected EndpointSlice of `here` at the provider lists {seen:?}, not \
+                 {seen_by_provider} (pod {here_ip} in the provider's view), after 45 s; \
+                 the provider has:\n{}\nthe consumer has:\n{}",
+                all.stdout, local.stdout
+            );
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let b_node = nodes(b).into_iter().next().expect("a provider node");
     let remote_ip = remote(&["service", "here"], "{.spec.clusterIP}");
     let seen = e2e::net::answering_pods(

@@ -122,7 +122,7 @@ async fn a_second_install_changes_nothing_and_an_upgrade_keeps_the_identity() {
     );
     for phase in [
         "tether-system",
-        "10 CRDs",
+        "11 CRDs",
         "CRDs Established",
         "RBAC",
         "Deployment",
@@ -300,7 +300,7 @@ async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
             String::from_utf8_lossy(&applied.stderr)
         );
         let out = String::from_utf8_lossy(&applied.stdout);
-        assert_eq!(out.lines().count(), 35, "{out}");
+        assert_eq!(out.lines().count(), 36, "{out}");
     }
     // Printing changed nothing in a cluster that was never installed.
     let ns: Api<Namespace> = Api::all(via_install.client());
@@ -499,7 +499,7 @@ async fn uninstall_refuses_while_peered_and_force_removes_everything() {
     let refused = sim.tether(&["uninstall", "--timeout", "20s"]).await;
     refused.assert_fails(4, &["still peers with east-1", "tether unpeer", "--force"]);
     assert!(
-        read_back(&client, "gone-1").await.len() == 34,
+        read_back(&client, "gone-1").await.len() == 35,
         "nothing was removed"
     );
 

@@ -27,6 +27,7 @@ fn objects_come_in_dependency_order() {
         CustomResourceDefinition gatewayservers.networking.tether.dev
         CustomResourceDefinition gatewayclients.networking.tether.dev
         CustomResourceDefinition connections.networking.tether.dev
+        CustomResourceDefinition ips.networking.tether.dev
         CustomResourceDefinition virtualnodes.offloading.tether.dev
         CustomResourceDefinition namespaceoffloadings.offloading.tether.dev
         CustomResourceDefinition shadowpods.offloading.tether.dev
@@ -160,7 +161,7 @@ fn rendering_is_deterministic() {
     let json: serde_json::Value =
         serde_json::from_str(&manifests::to_json(&manifests::render(&options()))).expect("json");
     assert_eq!(json["kind"], "List");
-    assert_eq!(json["items"].as_array().map(Vec::len), Some(34));
+    assert_eq!(json["items"].as_array().map(Vec::len), Some(35));
 }
 
 /// The whole of what Tether's roles allow. A change here is a change of the controller's

@@ -11,10 +11,16 @@
 //!   provider's one through its tenant identity and its own locally; each cluster's
 //!   controller turns its own into a key Secret, a Deployment (and for a server a Service), and
 //!   publishes the public key and endpoint in the status, which the consumer copies across.
+//!
+//! ExternalIPRemapping: an IP object (any namespace) gets a host of the external CIDR from
+//! `ips`; each Configuration's status lists the assigned ones (`status.published`), which the
+//! gateway of that namespace publishes to its peer.
 
 pub mod configuration;
 pub mod exchange;
+pub mod external_ips;
 pub mod gateway;
+pub mod ips;
 pub mod local;
 pub mod remaps;
 pub mod render;

@@ -32,9 +32,11 @@ pub mod pods;
 pub mod reflect;
 pub mod shadow_pods;
 pub mod slices;
+pub mod tokens;
 pub mod translate;
 pub mod twins;
 pub mod virtual_nodes;
+pub mod watched;
 
 /// State of the offloading reconcilers.
 pub struct OffCtx {
@@ -48,6 +50,10 @@ pub struct OffCtx {
     admission_lock: tokio::sync::Mutex<()>,
     /// The running virtual kubelets.
     pub nodes: virtual_nodes::Tasks,
+    /// When the ServiceAccount tokens reflected for offloaded pods expire.
+    pub tokens: tokens::Minted,
+    /// What providers hold in twin namespaces, watched.
+    pub watched: watched::Watched,
 }
 
 impl OffCtx {
@@ -59,6 +65,8 @@ impl OffCtx {
             grant_lock: tokio::sync::Mutex::new(()),
             admission_lock: tokio::sync::Mutex::new(()),
             nodes: virtual_nodes::Tasks::default(),
+            tokens: tokens::Minted::default(),
+            watched: watched::Watched::default(),
         }
     }
 }

@@ -27,6 +27,9 @@ pub struct Access {
     pub client: kube::Client,
     /// The tenant namespace at the provider.
     pub namespace: String,
+    /// Which identity the client holds (the kubeconfig Secret's resource version): what was
+    /// opened with an older one is opened again.
+    pub version: String,
 }
 
 impl std::fmt::Debug for Access {
@@ -115,6 +118,7 @@ impl ProviderClients {
         Ok(Some(Access {
             client,
             namespace: stored.remote_namespace,
+            version,
         }))
     }
 }

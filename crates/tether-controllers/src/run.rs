@@ -16,7 +16,7 @@ use kube::runtime::watcher;
 use tether_api::ClusterId;
 use tether_api::authentication::{ResourceSlice, Tenant};
 use tether_api::core::{ForeignCluster, Phase};
-use tether_api::networking::{Configuration, GatewayClient, GatewayServer};
+use tether_api::networking::{Configuration, GatewayClient, GatewayServer, IP};
 use tether_api::offloading::VirtualNode;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +26,7 @@ use crate::foreign_cluster::{self, FcCtx};
 use crate::identity::Identity;
 use crate::metrics::Metrics;
 use crate::network::configuration::{self, NetCtx};
-use crate::network::gateway;
+use crate::network::{gateway, ips};
 use crate::offloading::OffCtx;
 use crate::{Error, publisher, tenant, tokens};
 
@@ -176,13 +176,31 @@ impl Replica {
             .run(tenant::reconcile, tenant_error_policy, ctx.clone())
             .for_each(|_| async {});
         let nctx = Arc::new(NetCtx::new(ctx.clone()));
-        let conf_run = Controller::new(
+        let conf_controller = Controller::new(
             Api::<Configuration>::all(client.clone()),
             watcher::Config::default(),
-        )
-        .graceful_shutdown_on(stop.clone().cancelled_owned())
-        .run(configuration::reconcile, net_error_policy, nctx.clone())
-        .for_each(|_| async {});
+        );
+        // Every Configuration lists the published IPs, so any IP's change touches them all.
+        let confs = conf_controller.store();
+        let conf_run = conf_controller
+            .watches(
+                Api::<IP>::all(client.clone()),
+                watcher::Config::default(),
+                move |_: IP| {
+                    confs
+                        .state()
+                        .iter()
+                        .map(|c| ObjectRef::from_obj(&**c))
+                        .collect::<Vec<_>>()
+                },
+            )
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(configuration::reconcile, net_error_policy, nctx.clone())
+            .for_each(|_| async {});
+        let ip_run = Controller::new(Api::<IP>::all(client.clone()), watcher::Config::default())
+            .graceful_shutdown_on(stop.clone().cancelled_owned())
+            .run(ips::reconcile, net_error_policy, nctx.clone())
+            .for_each(|_| async {});
         let server_run = Controller::new(
             Api::<GatewayServer>::all(client.clone()),
             watcher::Config::default(),
@@ -227,6 +245,7 @@ impl Replica {
             fc_run,
             tenant_run,
             conf_run,
+            ip_run,
             server_run,
             client_run,
             off_run,

@@ -70,6 +70,7 @@ pub struct Prepared {
     input: tether_netplan::GatewayInput,
     device: Arc<Device>,
     probes: Arc<Probes>,
+    ip_mappings: Option<tokio::sync::watch::Receiver<Vec<tether_netplan::IpMapping>>>,
 }
 
 /// What a running gateway exposes to its status reporter: the WireGuard device (handshakes,
@@ -105,7 +106,20 @@ impl Prepared {
             input,
             device: Arc::new(device),
             probes,
+            ip_mappings: None,
         })
+    }
+
+    /// Makes the running gateway follow `updates` for its published addresses
+    /// ([`Config::ip_mappings`]): each new list is planned and applied to nftables in place,
+    /// without touching the tunnel, so publishing an address costs no gap in the traffic. A
+    /// list the planner refuses is logged and the previous one stays.
+    pub fn follow_ip_mappings(
+        mut self,
+        updates: tokio::sync::watch::Receiver<Vec<tether_netplan::IpMapping>>,
+    ) -> Self {
+        self.ip_mappings = Some(updates);
+        self
     }
 
     /// The configuration it was prepared from.
@@ -141,10 +155,11 @@ impl Prepared {
     ) -> Result<(), GatewayError> {
         let Self {
             config,
-            plan,
-            input,
+            mut plan,
+            mut input,
             device,
             probes,
+            ip_mappings: mut mapping_updates,
         } = self;
         for p in &input.peers {
             tracing::info!(
@@ -204,8 +219,42 @@ impl Prepared {
         resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         resync.tick().await;
         loop {
+            let mappings_changed = async {
+                match mapping_updates.as_mut() {
+                    Some(rx) => rx.changed().await.is_ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => break,
+                open = mappings_changed => {
+                    let Some(rx) = mapping_updates.as_mut().filter(|_| open) else {
+                        // The sender is gone: nothing will change any more.
+                        mapping_updates = None;
+                        continue;
+                    };
+                    let wanted = rx.borrow_and_update().clone();
+                    if wanted == input.ip_mappings {
+                        continue;
+                    }
+                    let mut next = input.clone();
+                    next.ip_mappings = wanted;
+                    match tether_netplan::plan(&next) {
+                        Ok(p) => {
+                            tracing::info!(
+                                published = next.ip_mappings.len(),
+                                "published addresses changed: applying them in place"
+                            );
+                            input = next;
+                            plan = p;
+                            reconcile_once(&mut kernel, &plan, &kernel_metrics, &health).await;
+                        }
+                        Err(e) => tracing::warn!(
+                            error = %e,
+                            "the new published addresses cannot be planned; keeping the previous ones"
+                        ),
+                    }
+                }
                 _ = resync.tick() => {
                     reconcile_once(&mut kernel, &plan, &kernel_metrics, &health).await;
                     if dataplane.healthy() {

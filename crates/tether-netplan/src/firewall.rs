@@ -55,6 +55,7 @@ pub(crate) fn ruleset(input: &GatewayInput) -> Ruleset {
         peer_rules(&context, index, peer, &mut rules);
     }
     ip_mapping_rules(input, &tunnels, &context.from_local, &mut rules);
+    unknown_source_rule(input, &tunnels, &context.from_local, &mut rules);
 
     let mut prerouting = rules.guard;
     prerouting.extend(rules.restore);
@@ -268,6 +269,31 @@ fn ip_mapping_rules(input: &GatewayInput, tunnels: &str, from_local: &str, rules
             to_external.join(", ")
         ),
         "local address to external IP",
+    ));
+}
+
+/// Local traffic towards a peer whose source is neither a pod nor a published address (a node
+/// forwarding a NodePort or LoadBalancer connection it masqueraded to its own address, a
+/// host-network pod) leaves with the network address of our external CIDR as its source,
+/// the unknown-source address: the peer accepts only our pod and external CIDRs as sources
+/// and routes only those back to its gateway. Replies come back to that address through the
+/// tunnel, and conntrack takes them back to the real source. Last in the chain, so pod
+/// traffic and published addresses keep their own translations. No external CIDR, no rule:
+/// such traffic is then dropped by the peer.
+fn unknown_source_rule(input: &GatewayInput, tunnels: &str, from_local: &str, rules: &mut Rules) {
+    let Some(external) = input.local.external_cidr else {
+        return;
+    };
+    let mut own: Vec<Ipv4Net> = input.local.pod_cidrs.clone();
+    own.push(external);
+    own.sort();
+    rules.srcnat.push(NftRule::new(
+        format!(
+            "{from_local} oifname {tunnels} ip saddr != {} snat ip to {}",
+            nft_set(&own),
+            external.network()
+        ),
+        "other local sources to the unknown-source address",
     ));
 }
 

@@ -46,6 +46,11 @@
 //! original zone`), since its replies, addressed to the gateway, tell no peer apart; the
 //! connections a published address opens stay in the default zone.
 //!
+//! Any other local source heading for a peer (a node forwarding a NodePort or LoadBalancer
+//! connection it masqueraded to its own address, a host-network pod) leaves with the network
+//! address of our external CIDR, the unknown-source address (host 0, which no published address
+//! uses): the peer accepts and routes back only our pod and external CIDRs.
+//!
 //! Reverse-path filtering is off on tunnels (loose mode would still drop a peer source that only
 //! the peer's marked table routes) and loose on pod interfaces; the per-peer source guard is the
 //! anti-spoofing check, and a stricter one.

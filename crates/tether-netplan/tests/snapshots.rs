@@ -195,7 +195,7 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
             table ip tether
             delete table ip tether
             table ip tether {
-            	comment "tether:7c524065dfb85763"
+            	comment "tether:1a187a542d9d48bd"
             	chain zone {
             		type filter hook prerouting priority raw; policy accept;
             		iifname "tether-b" ct zone set 1 comment "peer cluster-b: own conntrack zone"
@@ -223,6 +223,7 @@ fn remapped_external_cidr_is_translated_like_the_pod_cidr() {
             		type nat hook postrouting priority srcnat; policy accept;
             		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
             		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
+            		iifname "eth0" oifname "tether-b" ip saddr != { 10.0.0.0/16, 10.70.0.0/16 } snat ip to 10.70.0.0 comment "other local sources to the unknown-source address"
             	}
             }
         "#]],
@@ -247,7 +248,7 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
             table ip tether
             delete table ip tether
             table ip tether {
-            	comment "tether:77c35847fb1fd8ef"
+            	comment "tether:b4affdc6d1b22051"
             	chain zone {
             		type filter hook prerouting priority raw; policy accept;
             		iifname "eth0" ip saddr { 192.168.1.10, 10.96.0.1 } return comment "published address: its own connections in the default zone"
@@ -280,6 +281,7 @@ fn ip_mappings_publish_local_addresses_under_the_external_cidr() {
             		iifname "tether-b" ip saddr 10.0.0.0/16 snat ip prefix to ip saddr map { 10.0.0.0/16 : 10.71.0.0/16 } comment "peer cluster-b: real to local view"
             		iifname "tether-b" ip saddr 10.70.0.0/16 snat ip prefix to ip saddr map { 10.70.0.0/16 : 10.81.0.0/16 } comment "peer cluster-b: real to local view"
             		oifname "tether-b" ip saddr { 192.168.1.10, 10.96.0.1 } snat ip to ip saddr map { 192.168.1.10 : 10.70.0.1, 10.96.0.1 : 10.70.0.5 } comment "local address to external IP"
+            		iifname "eth0" oifname "tether-b" ip saddr != { 10.0.0.0/16, 10.70.0.0/16 } snat ip to 10.70.0.0 comment "other local sources to the unknown-source address"
             	}
             }
         "#]],

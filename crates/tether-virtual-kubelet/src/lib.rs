@@ -40,9 +40,13 @@ pub struct Timing {
 impl Default for Timing {
     fn default() -> Self {
         Self {
-            probe_interval: Duration::from_secs(1),
+            // Every probe crosses the link between the clusters: at one a second they alone
+            // were several kbit/s per virtual node. A provider silent for seven seconds is
+            // unreachable: one lost probe (3 s apart, 2 s timeout) is forgiven, two are not,
+            // and a frozen provider still turns the node NotReady within ten.
+            probe_interval: Duration::from_secs(3),
             probe_timeout: Duration::from_secs(2),
-            unreachable_after: Duration::from_secs(4),
+            unreachable_after: Duration::from_secs(7),
             lease_renew: Duration::from_secs(10),
             lease_duration_seconds: 40,
             status_refresh: Duration::from_secs(60),

@@ -64,6 +64,9 @@ pub(crate) struct Inputs {
     pub(crate) stop: CancellationToken,
 }
 
+/// How long the first write waits for the Node watch's first listing.
+const FIRST_LISTING: Duration = Duration::from_secs(2);
+
 /// What the Node watch last said.
 enum Seen {
     /// Not listed yet.
@@ -119,6 +122,7 @@ pub(crate) async fn run(inputs: Inputs) {
         ready_reason: None,
     };
     let mut listing: Option<Node> = None;
+    let started = Instant::now();
     let mut backoff = Backoff::default();
     let mut retry_at: Option<Instant> = None;
     let (mut spec_open, mut network_open, mut probes_open) = (true, true, true);
@@ -136,7 +140,11 @@ pub(crate) async fn run(inputs: Inputs) {
                 .health(Timestamp::now(), timing.unreachable_after),
             network: network.borrow_and_update().clone(),
         };
-        if retry_at.is_none_or(|at| Instant::now() >= at) {
+        // Until the watch has listed the Node, what a write would keep of it (a restarted
+        // controller adopting it) is unknown: wait for the listing a little, so that an
+        // adopted node does not flap NotReady.
+        let listing_due = matches!(state.seen, Seen::Unknown) && started.elapsed() < FIRST_LISTING;
+        if !listing_due && retry_at.is_none_or(|at| Instant::now() >= at) {
             // A hanging API server must neither hold up the stop nor this task for good.
             let outcome = tokio::select! {
                 () = stop.cancelled() => return,
@@ -156,6 +164,9 @@ pub(crate) async fn run(inputs: Inputs) {
             }
         }
         let mut wake = Instant::now() + timing.probe_interval;
+        if listing_due {
+            wake = wake.min(started + FIRST_LISTING);
+        }
         if state.uid().is_some() {
             wake = wake.min(state.lease_due);
         }

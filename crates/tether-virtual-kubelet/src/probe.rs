@@ -1,6 +1,7 @@
-//! The provider probe: asks the provider's API server for its version every probe interval,
-//! under a timeout, and records answers and errors for the node task. It runs apart from the
-//! node task so that a provider that hangs never delays the Node's writes or its Lease.
+//! The provider probe: asks the provider's API server whether it is ready (`/readyz`, the
+//! smallest answer it gives, open to every identity) every probe interval, under a timeout,
+//! and records answers and errors for the node task. It runs apart from the node task so that
+//! a provider that hangs never delays the Node's writes or its Lease.
 
 use k8s_openapi::jiff::Timestamp;
 use tokio::sync::watch;
@@ -60,7 +61,7 @@ pub(crate) async fn run(
         }
         let result = tokio::select! {
             () = stop.cancelled() => return,
-            r = tokio::time::timeout(timing.probe_timeout, client.apiserver_version()) => r,
+            r = tokio::time::timeout(timing.probe_timeout, readyz(&client)) => r,
         };
         let now = Timestamp::now();
         let error = match result {
@@ -103,4 +104,12 @@ fn chain(error: &dyn std::error::Error) -> String {
         source = e.source();
     }
     out
+}
+
+/// One `GET /readyz`; an error unless the API server answers 2xx.
+async fn readyz(client: &kube::Client) -> Result<String, kube::Error> {
+    let request = http::Request::get("/readyz")
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    client.request_text(request).await
 }

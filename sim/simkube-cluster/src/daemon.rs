@@ -92,6 +92,9 @@ async fn serve(
         .extra_listener(host)
         .controllers(simkube::controllers::Controllers::all())
         .load_balancer_pool(plan.lb_pool())
+        // kube-apiserver sends a watch about one bookmark a minute; the in-process default of
+        // one a second keeps tests quick but would dwarf a product's own idle traffic.
+        .bookmark_interval(Duration::from_secs(60))
         .node_monitor_grace_period(Duration::from_secs(record.node_grace_seconds))
         .cluster_signing_duration(Duration::from_secs(record.cluster_signing_seconds))
         .start()

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each benchmark uses its own part
 
+pub(crate) mod measure;
+
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -152,6 +152,9 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_controller_logs();
+        }
         for name in self.clusters.clone() {
             let out = self.simkube(&["cluster", "down", "--name", &name]);
             if !out.status.success() {
@@ -165,6 +168,35 @@ impl Drop for Env {
             }
         }
         let _ = simkube_cluster::net::delete_netns(&self.underlay);
+    }
+}
+
+impl Env {
+    /// The last lines of every cluster's Tether controller, so that a failed test shows what
+    /// the product did (its clusters are gone afterwards).
+    fn print_controller_logs(&self) {
+        for name in &self.clusters {
+            let kubeconfig = self.state.path().join(format!("{name}.kubeconfig"));
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(&kubeconfig)
+                .args([
+                    "logs",
+                    "-n",
+                    "tether-system",
+                    "deploy/tether-controller",
+                    "--tail",
+                    "60",
+                ])
+                .output();
+            if let Ok(out) = out {
+                eprintln!(
+                    "--- {name}: the controller's last log lines ---\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
     }
 }
 
@@ -438,4 +470,29 @@ impl Sim {
         self.kubectl(&["config", "view", "--minify", "-o", &jp])
             .stdout
     }
+}
+
+/// A Deployment of echo pods in namespace `ns`, with nothing about where to run (in an
+/// offloaded namespace the pod webhook places them), requesting `cpu` and 32Mi when given.
+pub fn echo_deployment(ns: &str, name: &str, replicas: u32, cpu: Option<&str>) -> String {
+    let resources = cpu
+        .map(|cpu| format!("\n        resources: {{requests: {{cpu: {cpu}, memory: 32Mi}}}}"))
+        .unwrap_or_default();
+    format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  replicas: {replicas}
+  selector:
+    matchLabels: {{app: {name}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+    spec:
+      containers:
+      - name: echo
+        image: simkube.dev/echo{resources}
+"
+    )
 }

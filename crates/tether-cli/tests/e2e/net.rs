@@ -25,19 +25,48 @@ spec:
 
 /// A one-shot traffic pod on `node` that talks `proto` to `target` three times.
 pub fn traffic_pod(name: &str, node: &str, proto: &str, target: &str) -> String {
+    traffic_pod_yaml("default", name, Some(node), proto, target, false)
+}
+
+/// A one-shot traffic pod in namespace `ns`, bound to `node` or, with `None`, placed by the
+/// scheduler (and, in an offloaded namespace, the pod webhook). It requests a little cpu and
+/// memory, which a provider enforcing grants requires of an offloaded pod.
+pub fn traffic_pod_in(
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    proto: &str,
+    target: &str,
+) -> String {
+    traffic_pod_yaml(ns, name, node, proto, target, true)
+}
+
+fn traffic_pod_yaml(
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    proto: &str,
+    target: &str,
+    requests: bool,
+) -> String {
+    let node = node.map_or(String::new(), |n| format!("\n  nodeName: {n}"));
+    let requests = if requests {
+        "\n    resources:\n      requests: {cpu: 10m, memory: 16Mi}"
+    } else {
+        ""
+    };
     format!(
         "apiVersion: v1
 kind: Pod
 metadata:
   name: {name}
-  namespace: default
-spec:
-  nodeName: {node}
+  namespace: {ns}
+spec:{node}
   restartPolicy: Never
   containers:
   - name: traffic
     image: simkube.dev/traffic
-    args: [--target, \"{target}\", --proto, {proto}, --count, \"3\", --interval-ms, \"200\"]
+    args: [--target, \"{target}\", --proto, {proto}, --count, \"3\", --interval-ms, \"200\"]{requests}
 "
     )
 }
@@ -88,7 +117,20 @@ pub fn view_of(sim: &Sim, remote_id: &str) -> String {
 
 /// Runs a traffic pod in `from` and returns the peer addresses the echo reported.
 pub fn talk(from: &Sim, name: &str, node: &str, proto: &str, target: &str) -> Vec<String> {
-    answers(from, name, node, proto, target, "peer=")
+    answers(from, "default", name, Some(node), proto, target, "peer=")
+}
+
+/// Like [`talk`], from a pod in namespace `ns` (placed by the scheduler when `node` is `None`);
+/// returns every answer line whole.
+pub fn talk_in(
+    from: &Sim,
+    ns: &str,
+    name: &str,
+    node: Option<&str>,
+    proto: &str,
+    target: &str,
+) -> Vec<String> {
+    answers(from, ns, name, node, proto, target, "")
 }
 
 /// Runs a traffic pod in `from` and returns the names of the echo pods that answered.
@@ -99,36 +141,46 @@ pub fn answering_pods(
     proto: &str,
     target: &str,
 ) -> Vec<String> {
-    answers(from, name, node, proto, target, "pod=")
+    answers(from, "default", name, Some(node), proto, target, "pod=")
 }
 
-/// Runs a traffic pod in `from` and returns the `field` of every answer line.
+/// Runs a traffic pod in `from` and returns the `field` of every answer line (with an empty
+/// `field`, the answer lines whole).
 fn answers(
     from: &Sim,
+    ns: &str,
     name: &str,
-    node: &str,
+    node: Option<&str>,
     proto: &str,
     target: &str,
     field: &str,
 ) -> Vec<String> {
     from.apply_as(
         std::path::Path::new(from.kubeconfig()),
-        &traffic_pod(name, node, proto, target),
+        &traffic_pod_yaml(ns, name, node, proto, target, ns != "default"),
     )
     .ok();
     from.wait(&format!("{name} finished"), Duration::from_secs(60), || {
         matches!(
-            from.jsonpath(&["pod", name], "{.status.phase}").as_str(),
+            from.jsonpath(&["pod", "-n", ns, name], "{.status.phase}")
+                .as_str(),
             "Succeeded" | "Failed"
         )
     });
-    let phase = from.jsonpath(&["pod", name], "{.status.phase}");
-    let logs = from.kubectl(&["logs", name]).stdout;
-    from.kubectl(&["delete", "pod", name, "--wait=false"]);
+    let phase = from.jsonpath(&["pod", "-n", ns, name], "{.status.phase}");
+    let logs = from.kubectl(&["logs", "-n", ns, name]).stdout;
+    from.kubectl(&["delete", "pod", "-n", ns, name, "--wait=false"]);
     assert_eq!(
         phase, "Succeeded",
         "{name} ({proto} to {target}) failed:\n{logs}"
     );
+    if field.is_empty() {
+        return logs
+            .lines()
+            .filter(|l| l.contains("peer="))
+            .map(str::to_owned)
+            .collect();
+    }
     logs.lines()
         .filter_map(|l| l.split_whitespace().find_map(|w| w.strip_prefix(field)))
         .map(|p| match field {

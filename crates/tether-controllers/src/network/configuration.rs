@@ -1,6 +1,8 @@
 //! The Configuration reconciler: keeps `spec.local` equal to this cluster's CIDRs and records
 //! in the status how this cluster addresses the remote one (its remaps). One lock serialises
-//! the remap decisions, so two new peers never get the same block.
+//! the remap decisions, so two new peers never get the same block. The status also lists the
+//! addresses this cluster's gateway publishes (the assigned IP objects), which the gateway
+//! reads from here, so an IP coming or going needs no new gateway pod.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,10 +13,12 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use tether_api::conditions::{self, Status, Time, types};
 use tether_api::names::{self, TENANT_NAMESPACE_PREFIX};
-use tether_api::networking::{Cidrs, ClusterCidrs, Configuration, ConfigurationStatus};
+use tether_api::networking::{
+    Cidrs, ClusterCidrs, Configuration, ConfigurationStatus, PublishedAddress,
+};
 
-use super::local;
 use super::remaps::{self, Request, Views};
+use super::{ips, local};
 use crate::Error;
 use crate::context::{Ctx, FIELD_MANAGER};
 
@@ -23,6 +27,8 @@ pub struct NetCtx {
     /// Shared controller state.
     pub ctx: Arc<Ctx>,
     remap_lock: tokio::sync::Mutex<()>,
+    /// Serialises the IP objects' host decisions.
+    pub(super) ip_lock: tokio::sync::Mutex<()>,
 }
 
 impl NetCtx {
@@ -31,6 +37,7 @@ impl NetCtx {
         Self {
             ctx,
             remap_lock: tokio::sync::Mutex::new(()),
+            ip_lock: tokio::sync::Mutex::new(()),
         }
     }
 }
@@ -63,7 +70,21 @@ async fn apply(conf: &Configuration, nctx: &NetCtx) -> Result<Action, Error> {
     let local = match local::load(ctx).await? {
         Ok(l) => l,
         Err(message) => {
-            write_status(&api, conf, None, Status::False, "NetworkUnknown", message).await?;
+            let published = conf
+                .status
+                .as_ref()
+                .map(|s| s.published.clone())
+                .unwrap_or_default();
+            write_status(
+                &api,
+                conf,
+                None,
+                published,
+                Status::False,
+                "NetworkUnknown",
+                message,
+            )
+            .await?;
             return Ok(Action::requeue(Duration::from_secs(30)));
         }
     };
@@ -84,6 +105,7 @@ async fn apply(conf: &Configuration, nctx: &NetCtx) -> Result<Action, Error> {
         // The update triggers another reconcile with the new object.
         return Ok(Action::await_change());
     }
+    let published = ips::published(ctx, local.external).await?;
     let peer = conf.spec.remote.cluster_id.clone();
     let views = {
         let _serial = nctx.remap_lock.lock().await;
@@ -108,12 +130,30 @@ async fn apply(conf: &Configuration, nctx: &NetCtx) -> Result<Action, Error> {
                     external: v.external.iter().map(ToString::to_string).collect(),
                 },
             };
-            write_status(&api, conf, Some(view), Status::True, "Remapped", message).await?;
+            write_status(
+                &api,
+                conf,
+                Some(view),
+                published,
+                Status::True,
+                "Remapped",
+                message,
+            )
+            .await?;
             Ok(Action::requeue(Duration::from_secs(300)))
         }
         Err(message) => {
             let keep = conf.status.as_ref().and_then(|s| s.remote.clone());
-            write_status(&api, conf, keep, Status::False, "NoLocalView", message).await?;
+            write_status(
+                &api,
+                conf,
+                keep,
+                published,
+                Status::False,
+                "NoLocalView",
+                message,
+            )
+            .await?;
             Ok(Action::requeue(Duration::from_secs(30)))
         }
     }
@@ -217,12 +257,14 @@ async fn write_status(
     api: &Api<Configuration>,
     conf: &Configuration,
     remote: Option<ClusterCidrs>,
+    published: Vec<PublishedAddress>,
     status: Status,
     reason: &str,
     message: String,
 ) -> Result<(), Error> {
     let mut st: ConfigurationStatus = conf.status.clone().unwrap_or_default();
     st.remote = remote;
+    st.published = published;
     conditions::set(
         &mut st.conditions,
         types::READY,

@@ -207,11 +207,7 @@ async fn ensure(
 ) -> Result<Observed, Error> {
     let ctx = &nctx.ctx;
     let client = ctx.client.clone();
-    let publish = if in_band {
-        control_plane(ctx).await?
-    } else {
-        Vec::new()
-    };
+    let publish = control_plane(ctx, in_band).await?;
     let g = Gateway {
         namespace: ns,
         remote,
@@ -335,60 +331,79 @@ async fn ensure(
     })
 }
 
-/// Creates the key Secret once (never overwritten: the peer trusts its public key) and
-/// returns the public key.
-/// What an in-band gateway publishes, `(external, real)`: the API server (the
-/// `default/kubernetes` Service, whose ClusterIP every pod finds in `KUBERNETES_SERVICE_HOST`)
-/// and the authentication Service, under hosts [`in_band::API_SERVER_HOST`] and
-/// [`in_band::AUTH_HOST`] of the external CIDR.
-async fn control_plane(ctx: &Ctx) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>, Error> {
+/// What a gateway publishes, `(external, real)`: the API server (the `default/kubernetes`
+/// Service, whose ClusterIP every pod finds in `KUBERNETES_SERVICE_HOST`) under host
+/// [`in_band::API_SERVER_HOST`] of the external CIDR, so that pods offloaded to the peer reach
+/// this cluster's API server; in band also the authentication Service under
+/// [`in_band::AUTH_HOST`], which the peer's controller needs before it has any other way in.
+///
+/// Out of band the API server is published when it can be: without an external CIDR or
+/// outside a pod the peering still works, only offloaded pods cannot reach this API server,
+/// which the log says. In band both are required.
+async fn control_plane(ctx: &Ctx, in_band: bool) -> Result<Vec<(Ipv4Addr, Ipv4Addr)>, Error> {
     let external = match local::load(ctx).await? {
         Ok(l) => l.external,
         Err(message) => return Err(Error::Invalid(message)),
     };
-    let Some(external) = external else {
-        return Err(Error::Invalid(format!(
-            "an in-band peering needs this cluster's external CIDR, and ConfigMap {} has no {}: \
-             run `tether install --external-cidr CIDR` again",
-            objects::NETWORK_CONFIGMAP,
-            tether_api::names::network::EXTERNAL_CIDR
-        )));
-    };
-    let api: Ipv4Addr = std::env::var(tether_runtime::client::IN_CLUSTER_ENV)
+    let api: Option<Ipv4Addr> = std::env::var(tether_runtime::client::IN_CLUSTER_ENV)
         .ok()
-        .and_then(|h| h.parse().ok())
-        .ok_or_else(|| {
-            Error::Invalid(format!(
+        .and_then(|h| h.parse().ok());
+    let (external, api) = match (external, api, in_band) {
+        (Some(external), Some(api), _) => (external, api),
+        (None, _, true) => {
+            return Err(Error::Invalid(format!(
+                "an in-band peering needs this cluster's external CIDR, and ConfigMap {} has no \
+                 {}: run `tether install --external-cidr CIDR` again",
+                objects::NETWORK_CONFIGMAP,
+                tether_api::names::network::EXTERNAL_CIDR
+            )));
+        }
+        (Some(_), None, true) => {
+            return Err(Error::Invalid(format!(
                 "an in-band peering publishes the API server's ClusterIP, which this controller \
                  reads from {}: it is unset or not an IPv4 address (is the controller running \
                  in a pod?)",
                 tether_runtime::client::IN_CLUSTER_ENV
-            ))
-        })?;
-    let name = &ctx.settings.auth_service;
-    let svc = Api::<Service>::namespaced(ctx.client.clone(), &ctx.settings.namespace)
-        .get(name)
-        .await
-        .map_err(Error::kube(format!("reading Service {name}")))?;
-    let auth: Ipv4Addr = svc
-        .spec
-        .and_then(|s| s.cluster_ip)
-        .and_then(|ip| ip.parse().ok())
-        .ok_or_else(|| Error::Invalid(format!("Service {name} has no IPv4 ClusterIP")))?;
+            )));
+        }
+        (external, api, false) => {
+            tracing::warn!(
+                external_cidr = external.is_some(),
+                api_server_address = api.is_some(),
+                "not publishing the API server to the peer: it needs an external CIDR and {} \
+                 (an IPv4 ClusterIP); pods offloaded to the peer cannot reach this API server",
+                tether_runtime::client::IN_CLUSTER_ENV
+            );
+            return Ok(Vec::new());
+        }
+    };
     let host = |h| {
         in_band::address(&external.to_string(), h).ok_or_else(|| {
             Error::Invalid(format!(
-                "the external CIDR {external} is too small for the in-band addresses (hosts 1 \
-                 and 2)"
+                "the external CIDR {external} is too small for the published addresses (hosts \
+                 1 and 2)"
             ))
         })
     };
-    Ok(vec![
-        (host(in_band::API_SERVER_HOST)?, api),
-        (host(in_band::AUTH_HOST)?, auth),
-    ])
+    let mut published = vec![(host(in_band::API_SERVER_HOST)?, api)];
+    if in_band {
+        let name = &ctx.settings.auth_service;
+        let svc = Api::<Service>::namespaced(ctx.client.clone(), &ctx.settings.namespace)
+            .get(name)
+            .await
+            .map_err(Error::kube(format!("reading Service {name}")))?;
+        let auth: Ipv4Addr = svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .and_then(|ip| ip.parse().ok())
+            .ok_or_else(|| Error::Invalid(format!("Service {name} has no IPv4 ClusterIP")))?;
+        published.push((host(in_band::AUTH_HOST)?, auth));
+    }
+    Ok(published)
 }
 
+/// Creates the key Secret once (never overwritten: the peer trusts its public key) and
+/// returns the public key.
 async fn ensure_key(client: &kube::Client, ns: &str, remote: &str) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(client.clone(), ns);
     let what = format!("Secret {ns}/{}", objects::GATEWAY_KEY_SECRET);

@@ -157,30 +157,15 @@ async fn offload(no: &NamespaceOffloading, octx: &OffCtx) -> Result<Action, Erro
     } else {
         "InProgress"
     };
+    let (s, reason, message) = summary(
+        &ns,
+        phase,
+        no.spec.cluster_selector.is_empty(),
+        &per_provider,
+    );
     status.offloading_phase = Some(phase.to_owned());
     status.remote_namespace_name = remote_names.into_iter().next();
     status.remote_namespaces_conditions = per_provider;
-    let (s, reason, message) = match phase {
-        "Ready" => (
-            Status::True,
-            "Ready",
-            format!("namespace {ns} extends into {total} provider(s)"),
-        ),
-        "NoClusterSelected" => (
-            Status::False,
-            "NoClusterSelected",
-            if no.spec.cluster_selector.is_empty() {
-                "no provider has granted this cluster a virtual node yet; `tether offload resources add` asks one".to_owned()
-            } else {
-                "no virtual node matches the cluster selector".to_owned()
-            },
-        ),
-        _ => (
-            Status::False,
-            phase,
-            format!("{ready} of {total} provider(s) ready; see status.remoteNamespacesConditions"),
-        ),
-    };
     conditions::set(
         &mut status.conditions,
         types::READY,
@@ -196,6 +181,60 @@ async fn offload(no: &NamespaceOffloading, octx: &OffCtx) -> Result<Action, Erro
     } else {
         Duration::from_secs(2)
     }))
+}
+
+/// The `Ready` condition of the offloading of `ns` in `phase`, from the providers' own
+/// conditions: a phase short of Ready names each provider that is not ready and why, so
+/// `kubectl get namespaceoffloading` says which provider to look at.
+pub fn summary(
+    ns: &str,
+    phase: &str,
+    no_selector: bool,
+    per_provider: &BTreeMap<String, Vec<Condition>>,
+) -> (Status, &'static str, String) {
+    let total = per_provider.len();
+    match phase {
+        "Ready" => (
+            Status::True,
+            "Ready",
+            format!("namespace {ns} extends into {total} provider(s)"),
+        ),
+        "NoClusterSelected" => (
+            Status::False,
+            "NoClusterSelected",
+            if no_selector {
+                "no provider has granted this cluster a virtual node yet; `tether offload \
+                 resources add` asks one"
+                    .to_owned()
+            } else {
+                "no virtual node matches the cluster selector".to_owned()
+            },
+        ),
+        _ => {
+            let not_ready: Vec<String> = per_provider
+                .iter()
+                .filter_map(|(p, cs)| {
+                    let c = cs.iter().find(|c| c.type_ == types::READY)?;
+                    (c.status != "True").then(|| format!("{p} {}", c.reason))
+                })
+                .collect();
+            let reason = match phase {
+                "AllFailed" => "AllFailed",
+                "SomeFailed" => "SomeFailed",
+                _ => "InProgress",
+            };
+            let ready = total - not_ready.len();
+            (
+                Status::False,
+                reason,
+                format!(
+                    "{ready} of {total} provider(s) ready; not ready: {}; \
+                     status.remoteNamespacesConditions says why",
+                    not_ready.join(", ")
+                ),
+            )
+        }
+    }
 }
 
 /// Asks `provider` for the twin of `ns`; the condition to show for it, and the twin's name
@@ -476,4 +515,55 @@ async fn write_status(
             no.name_any()
         )))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(status: &str, reason: &str) -> Vec<Condition> {
+        vec![Condition {
+            type_: types::READY.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: String::new(),
+            observed_generation: None,
+            last_transition_time: now(),
+        }]
+    }
+
+    #[test]
+    fn the_summary_names_the_providers_not_ready() {
+        let per = BTreeMap::from([
+            ("beta".to_owned(), cond("False", "NamespaceTaken")),
+            ("gamma".to_owned(), cond("True", "TwinReady")),
+            ("delta".to_owned(), cond("Unknown", "Pending")),
+        ]);
+        let (s, reason, message) = summary("shop", "SomeFailed", true, &per);
+        assert_eq!((s, reason), (Status::False, "SomeFailed"));
+        assert!(
+            message.starts_with(
+                "1 of 3 provider(s) ready; not ready: beta NamespaceTaken, delta Pending;"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains("gamma"), "{message}");
+
+        let ready = BTreeMap::from([("gamma".to_owned(), cond("True", "TwinReady"))]);
+        let (s, reason, message) = summary("shop", "Ready", true, &ready);
+        assert_eq!((s, reason), (Status::True, "Ready"));
+        assert_eq!(message, "namespace shop extends into 1 provider(s)");
+
+        let none = BTreeMap::new();
+        assert!(
+            summary("shop", "NoClusterSelected", false, &none)
+                .2
+                .contains("no virtual node matches the cluster selector")
+        );
+        assert!(
+            summary("shop", "NoClusterSelected", true, &none)
+                .2
+                .contains("tether offload resources add")
+        );
+    }
 }

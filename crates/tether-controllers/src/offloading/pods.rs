@@ -20,8 +20,8 @@ use tether_api::networking::Configuration;
 use tether_api::offloading::{NamespaceOffloading, ShadowPod, ShadowPodSpec};
 use tokio_util::sync::CancellationToken;
 
-use super::OffCtx;
 use super::translate::{self, PodView};
+use super::{OffCtx, tokens};
 use crate::Error;
 use crate::context::FIELD_MANAGER;
 
@@ -140,7 +140,11 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         // Gone at the provider first (or never there), then here for good.
         if let (Some(access), Ok(twin)) = (&access, &twin) {
             let remote: Api<ShadowPod> = Api::namespaced(access.client.clone(), twin);
-            match remote.get_opt(&name).await {
+            let watched = node
+                .octx
+                .watched
+                .get::<ShadowPod>(&node.provider, access, twin, &name);
+            match watched.await {
                 Ok(Some(sp)) => {
                     if sp.metadata.deletion_timestamp.is_none() {
                         remote
@@ -154,13 +158,8 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
                     return Ok(Action::requeue(Duration::from_millis(500)));
                 }
                 Ok(None) => {}
-                Err(kube::Error::Api(e)) if e.code == 403 => {}
-                Err(e) => {
-                    return Err(Error::kube(format!(
-                        "reading ShadowPod {twin}/{name} at {}",
-                        node.provider
-                    ))(e));
-                }
+                // The provider is unreachable: the pod goes once it answers again.
+                Err(e) => return Err(e),
             }
         }
         let params = DeleteParams {
@@ -191,15 +190,20 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         }
     };
     let remote: Api<ShadowPod> = Api::namespaced(access.client.clone(), &twin);
-    let wanted = shadow_pod(pod, node, ctx.cluster_id());
-    let current = match tokio::time::timeout(Duration::from_secs(5), remote.get_opt(&name)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            return Err(Error::kube(format!(
-                "reading ShadowPod {twin}/{name} at {}",
-                node.provider
-            ))(e));
+    let token = match pod.spec.as_ref().filter(|s| translate::mounts_token(s)) {
+        Some(spec) => {
+            let sa = translate::service_account(spec);
+            Some(tokens::ensure(&node.octx, &node.provider, &access, &ns, &twin, sa).await?)
         }
+        None => None,
+    };
+    let wanted = shadow_pod(pod, node, ctx.cluster_id(), token.as_deref());
+    let watched = node
+        .octx
+        .watched
+        .get::<ShadowPod>(&node.provider, &access, &twin, &name);
+    let current = match watched.await {
+        Ok(c) => c.map(|c| (*c).clone()),
         Err(_) => {
             // The provider is unreachable: the pod keeps its last known status (it keeps
             // running there); the virtual node's Ready condition says what is wrong.
@@ -270,7 +274,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
 }
 
 /// The ShadowPod standing for `pod`.
-fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId) -> ShadowPod {
+fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId, token: Option<&str>) -> ShadowPod {
     let mut lbls = pod.labels().clone();
     lbls.insert(labels::VIRTUAL_NODE.to_owned(), node.name.clone());
     let annotations = pod
@@ -287,7 +291,7 @@ fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId) -> ShadowPod {
         },
         spec: ShadowPodSpec {
             consumer_cluster_id: consumer.as_str().to_owned(),
-            pod: translate::shadow_spec(&pod.spec.clone().unwrap_or_default()),
+            pod: translate::shadow_spec(&pod.spec.clone().unwrap_or_default(), token),
         },
         status: None,
     }

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::OffCtx;
 use super::namespaces::NAME;
 use super::translate::PodView;
+use super::watched::Watchable;
 use crate::Error;
 use crate::providers::Access;
 
@@ -39,8 +40,9 @@ use plan::Op;
 
 /// The field manager of the copies.
 const MANAGER: &str = "tether-reflection";
-/// How often a Ready namespace is compared with its twins without a local change (the
-/// provider's Events are not watched: this is how soon they show here).
+/// How often a Ready namespace is compared with its twins without a local change: the
+/// provider's side is watched, so this is how soon a change there (an Event, a copy edited by
+/// hand) shows here, at no cost to the link.
 const RESYNC: Duration = Duration::from_secs(10);
 /// How long one call to a provider may take.
 const CALL: Duration = Duration::from_secs(5);
@@ -145,7 +147,6 @@ async fn reflect_into(
     };
     let consumer = ctx.cluster_id().as_str();
     let here = |what: &str| format!("{what} in {ns}");
-    let there = |what: &str| format!("{what} in {twin} at {provider}");
 
     let cms = list(
         &Api::<ConfigMap>::namespaced(ctx.client.clone(), ns),
@@ -153,7 +154,11 @@ async fn reflect_into(
     )
     .await?;
     let remote = Api::<ConfigMap>::namespaced(access.client.clone(), twin);
-    let ops = plan::config_maps(&cms, &list(&remote, &there("ConfigMaps")).await?, consumer);
+    let ops = plan::config_maps(
+        &cms,
+        &watched(octx, provider, &access, twin).await?,
+        consumer,
+    );
     apply(octx, &remote, ops, "ConfigMap", twin).await?;
 
     let secrets = list(
@@ -162,7 +167,11 @@ async fn reflect_into(
     )
     .await?;
     let remote = Api::<Secret>::namespaced(access.client.clone(), twin);
-    let ops = plan::secrets(&secrets, &list(&remote, &there("Secrets")).await?, consumer);
+    let ops = plan::secrets(
+        &secrets,
+        &watched(octx, provider, &access, twin).await?,
+        consumer,
+    );
     apply(octx, &remote, ops, "Secret", twin).await?;
 
     let services = list(
@@ -173,7 +182,7 @@ async fn reflect_into(
     let remote = Api::<Service>::namespaced(access.client.clone(), twin);
     let ops = plan::services(
         &services,
-        &list(&remote, &there("Services")).await?,
+        &watched(octx, provider, &access, twin).await?,
         consumer,
     );
     apply(octx, &remote, ops, "Service", twin).await?;
@@ -184,9 +193,10 @@ async fn reflect_into(
         tracing::warn!(namespace = %ns, provider = %provider, error = %e, "copying Events back failed");
     }
 
-    let Some(view) = provider_view(&access, ctx.cluster_id(), provider).await? else {
+    let Some(view) = provider_view(octx, &access, provider).await? else {
         // Without the provider's view of our pod CIDR no address can be written correctly;
         // the copies already there stay until it is known.
+        tracing::info!(namespace = %ns, %provider, "EndpointSlices wait for the provider's view of this cluster's pod CIDR");
         return Ok(());
     };
     let slices = list(
@@ -198,7 +208,7 @@ async fn reflect_into(
     let ops = plan::slices(
         &services,
         &slices,
-        &list(&remote, &there("EndpointSlices")).await?,
+        &watched(octx, provider, &access, twin).await?,
         &virtual_nodes,
         &view,
         consumer,
@@ -206,32 +216,32 @@ async fn reflect_into(
     apply(octx, &remote, ops, "EndpointSlice", twin).await
 }
 
+/// Every `K` in `ns` at `provider`, from the watch (owned copies, as the plans take them).
+async fn watched<K: Watchable>(
+    octx: &OffCtx,
+    provider: &ClusterId,
+    access: &Access,
+    ns: &str,
+) -> Result<Vec<K>, Error> {
+    let all = octx.watched.list::<K>(provider, access, ns).await?;
+    Ok(all.iter().map(|k| (**k).clone()).collect())
+}
+
 /// How `provider` addresses this cluster's pods: the status of the Configuration this cluster
 /// keeps in its tenant namespace there, which the provider's Configuration reconciler fills
 /// with its remaps. `None` until the provider chose them.
 async fn provider_view(
+    octx: &OffCtx,
     access: &Access,
-    own: &ClusterId,
     provider: &ClusterId,
 ) -> Result<Option<PodView>, Error> {
-    let api = Api::<Configuration>::namespaced(access.client.clone(), &access.namespace);
-    let conf = match tokio::time::timeout(CALL, api.get_opt(own.as_str())).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => {
-            return Err(Error::kube(format!(
-                "reading Configuration {}/{own} at {provider}",
-                access.namespace
-            ))(e));
-        }
-        Err(_) => {
-            return Err(Error::Timeout(format!(
-                "reading Configuration {}/{own} at {provider}",
-                access.namespace
-            )));
-        }
-    };
+    let own = octx.ctx.cluster_id().as_str();
+    let conf = octx
+        .watched
+        .get::<Configuration>(provider, access, &access.namespace, own)
+        .await?;
     Ok(conf.and_then(|c| {
-        let view = c.status?.remote?.cidr.pod;
+        let view = c.status.as_ref()?.remote.as_ref()?.cidr.pod.clone();
         Some(PodView::new(&c.spec.remote.cidr.pod, &view))
     }))
 }
@@ -311,11 +321,7 @@ async fn copy_events(
     virtual_nodes: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ctx = &octx.ctx;
-    let remote = list(
-        &Api::<Event>::namespaced(access.client.clone(), twin),
-        &format!("Events in {twin} at {provider}"),
-    )
-    .await?;
+    let remote: Vec<Event> = watched(octx, provider, access, twin).await?;
     let pods = list(
         &Api::<Pod>::namespaced(ctx.client.clone(), ns),
         &format!("pods in {ns}"),

@@ -5,6 +5,7 @@
 //! so its pods keep running while it is unreachable.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,11 +17,12 @@ use kube::{Resource, ResourceExt};
 use tether_api::authentication::ResourceSlice;
 use tether_api::conditions::{self, Status, Time, types};
 use tether_api::names::{self, labels};
+use tether_api::networking::Configuration;
 use tether_api::offloading::{ShadowPod, ShadowPodStatus};
 use tether_resources::{Admission, Enforcement, Resources};
 
-use super::OffCtx;
 use super::twins::{Refusal, tenant_refusal, twin_consumer};
+use super::{OffCtx, translate};
 use crate::Error;
 
 /// `status.phase` of a ShadowPod the provider refused to run.
@@ -109,8 +111,13 @@ fn images(spec: &PodSpec) -> BTreeMap<String, Option<String>> {
 }
 
 /// The Pod for `sp`: same name and namespace, its labels plus the provider's marker, owned by
-/// it, with the spec it carries.
-pub fn pod_for(sp: &ShadowPod) -> Pod {
+/// it, with the spec it carries, pointed at the consumer's API server where this cluster
+/// reaches it (`consumer_api`, see [`translate::point_at_consumer_api`]).
+pub fn pod_for(sp: &ShadowPod, consumer_api: Option<Ipv4Addr>) -> Pod {
+    let mut spec = sp.spec.pod.clone();
+    if let Some(ip) = consumer_api {
+        translate::point_at_consumer_api(&mut spec, ip);
+    }
     let mut l = sp.labels().clone();
     l.insert(
         labels::TETHER_MANAGED_BY.to_owned(),
@@ -137,9 +144,28 @@ pub fn pod_for(sp: &ShadowPod) -> Pod {
             }),
             ..Default::default()
         },
-        spec: Some(sp.spec.pod.clone()),
+        spec: Some(spec),
         status: None,
     }
+}
+
+/// Where this cluster reaches `consumer`'s API server: the host the consumer's gateway
+/// publishes it under, in this cluster's view of the consumer's external CIDR (the
+/// networking Configuration's status). `None` without networking or before the remap.
+async fn consumer_api(octx: &OffCtx, consumer: &str) -> Result<Option<Ipv4Addr>, Error> {
+    let Ok(id) = tether_api::ClusterId::new(consumer) else {
+        return Ok(None);
+    };
+    let ns = names::tenant_namespace(&id);
+    let conf = Api::<Configuration>::namespaced(octx.ctx.client.clone(), &ns)
+        .get_opt(consumer)
+        .await
+        .map_err(Error::kube(format!(
+            "reading Configuration {ns}/{consumer}"
+        )))?;
+    Ok(conf
+        .and_then(|c| c.status?.remote?.cidr.external.into_iter().next())
+        .and_then(|cidr| names::in_band::address(&cidr, names::in_band::API_SERVER_HOST)))
 }
 
 /// The ShadowPod's status once refused: phase `Rejected`, no Pod, `Ready` False with why.
@@ -402,7 +428,10 @@ async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
         return reject(octx, sp, (reason, message)).await;
     }
     let created = match Api::<Pod>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &pod_for(sp))
+        .create(
+            &PostParams::default(),
+            &pod_for(sp, consumer_api(octx, consumer).await?),
+        )
         .await
     {
         Ok(p) => p,
@@ -688,7 +717,7 @@ mod tests {
             },
             status: None,
         };
-        let pod = pod_for(&sp);
+        let pod = pod_for(&sp, None);
         let l = pod.metadata.labels.clone().expect("labels");
         assert_eq!(l.get("app").map(String::as_str), Some("web"));
         assert_eq!(

@@ -1,20 +1,56 @@
 //! Pure translation between a consumer's pod and the ShadowPod its provider runs: the spec
-//! loses what only means something in the consumer (scheduling, the consumer's
-//! ServiceAccount token volume, host namespaces), and the status comes back with the
-//! provider's pod addresses rewritten into the consumer's view of the provider's pod CIDR.
+//! loses what only means something in the consumer (scheduling, host namespaces) and its
+//! ServiceAccount token volume reads the token the consumer reflected instead, and the status
+//! comes back with the provider's pod addresses rewritten into the consumer's view of the
+//! provider's pod CIDR.
 
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use k8s_openapi::api::core::v1::{PodIP, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{PodIP, PodSpec, PodStatus, SecretVolumeSource, Volume};
 use tether_api::names::taints;
 
 /// The volumes the consumer's ServiceAccount admission injects are named
 /// `kube-api-access-<suffix>`; the provider has neither the token nor the CA they carry.
 const TOKEN_VOLUME_PREFIX: &str = "kube-api-access-";
 
-/// The pod spec a provider runs for a consumer's pod.
-pub fn shadow_spec(pod: &PodSpec) -> PodSpec {
+/// The keys of a reflected ServiceAccount token Secret, which are the file names the
+/// projected token volume has in the consumer: a pod's client finds them where it looks.
+pub const TOKEN_KEY: &str = "token";
+/// See [`TOKEN_KEY`].
+pub const CA_KEY: &str = "ca.crt";
+/// See [`TOKEN_KEY`].
+pub const NAMESPACE_KEY: &str = "namespace";
+
+/// Whether `spec` mounts the ServiceAccount token the consumer's admission injected (so its
+/// offloaded copy needs one reflected).
+pub fn mounts_token(spec: &PodSpec) -> bool {
+    spec.volumes.iter().flatten().any(is_token_volume)
+}
+
+fn is_token_volume(v: &Volume) -> bool {
+    v.name.starts_with(TOKEN_VOLUME_PREFIX)
+        && v.projected.as_ref().is_some_and(|p| {
+            p.sources
+                .iter()
+                .flatten()
+                .any(|s| s.service_account_token.is_some())
+        })
+}
+
+/// The pod's ServiceAccount, as its admission defaulted it.
+pub fn service_account(spec: &PodSpec) -> &str {
+    spec.service_account_name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or("default")
+}
+
+/// The pod spec a provider runs for a consumer's pod. `token_secret` is the Secret in the twin
+/// namespace holding the pod's ServiceAccount token, CA and namespace of the consumer: the
+/// token volume reads it under the same name and mounts, so the pod authenticates to the
+/// consumer's API server as itself. Without one the token volume is dropped.
+pub fn shadow_spec(pod: &PodSpec, token_secret: Option<&str>) -> PodSpec {
     let mut spec = pod.clone();
     // The consumer's scheduler placed the pod on the virtual node; the provider schedules it
     // again among its own nodes, where none of these mean anything.
@@ -47,7 +83,24 @@ pub fn shadow_spec(pod: &PodSpec) -> PodSpec {
     }
     spec.automount_service_account_token = Some(false);
     if let Some(volumes) = spec.volumes.as_mut() {
-        volumes.retain(|v| !v.name.starts_with(TOKEN_VOLUME_PREFIX));
+        match token_secret {
+            Some(secret) => {
+                for v in volumes.iter_mut().filter(|v| is_token_volume(v)) {
+                    let mode = v.projected.as_ref().and_then(|p| p.default_mode);
+                    *v = Volume {
+                        name: v.name.clone(),
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(secret.to_owned()),
+                            default_mode: mode,
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    };
+                }
+                return spec;
+            }
+            None => volumes.retain(|v| !v.name.starts_with(TOKEN_VOLUME_PREFIX)),
+        }
     }
     if spec.volumes.as_ref().is_some_and(Vec::is_empty) {
         spec.volumes = None;
@@ -65,6 +118,63 @@ pub fn shadow_spec(pod: &PodSpec) -> PodSpec {
         }
     }
     spec
+}
+
+/// The names a pod's client may use for its API server; every kube-apiserver certificate
+/// carries them, so TLS holds when they resolve to the consumer's published address.
+pub const API_SERVER_NAMES: [&str; 4] = [
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+];
+
+/// Points an offloaded pod at its consumer's API server, which the provider reaches at `ip`
+/// (the consumer's published address in the provider's view) and port 443: the API server's
+/// names resolve there (host aliases, ahead of the provider's DNS), and the variables a
+/// kubelet sets name it by the name its certificate carries rather than an address it does
+/// not. A variable the pod sets itself is left alone.
+pub fn point_at_consumer_api(spec: &mut PodSpec, ip: Ipv4Addr) {
+    let host = API_SERVER_NAMES[1];
+    let url = format!("tcp://{ip}:443");
+    let vars = [
+        ("KUBERNETES_SERVICE_HOST", host.to_owned()),
+        ("KUBERNETES_SERVICE_PORT", "443".to_owned()),
+        ("KUBERNETES_SERVICE_PORT_HTTPS", "443".to_owned()),
+        ("KUBERNETES_PORT", url.clone()),
+        ("KUBERNETES_PORT_443_TCP", url),
+        ("KUBERNETES_PORT_443_TCP_PROTO", "tcp".to_owned()),
+        ("KUBERNETES_PORT_443_TCP_PORT", "443".to_owned()),
+        ("KUBERNETES_PORT_443_TCP_ADDR", ip.to_string()),
+    ];
+    for c in spec
+        .init_containers
+        .iter_mut()
+        .flatten()
+        .chain(spec.containers.iter_mut())
+    {
+        let env = c.env.get_or_insert_with(Vec::new);
+        for (name, value) in &vars {
+            if !env.iter().any(|e| e.name == *name) {
+                env.push(k8s_openapi::api::core::v1::EnvVar {
+                    name: (*name).to_owned(),
+                    value: Some(value.clone()),
+                    value_from: None,
+                });
+            }
+        }
+    }
+    let aliases = spec.host_aliases.get_or_insert_with(Vec::new);
+    aliases.retain(|a| {
+        !a.hostnames
+            .iter()
+            .flatten()
+            .any(|h| API_SERVER_NAMES.contains(&h.as_str()))
+    });
+    aliases.push(k8s_openapi::api::core::v1::HostAlias {
+        ip: ip.to_string(),
+        hostnames: Some(API_SERVER_NAMES.iter().map(|&h| h.to_owned()).collect()),
+    });
 }
 
 /// How the consumer addresses the provider's pods: pairs of (real CIDR, local view).
@@ -179,7 +289,7 @@ mod tests {
 
     #[test]
     fn the_shadow_spec_keeps_the_workload_and_drops_the_consumers_placement_and_identity() {
-        let s = shadow_spec(&consumer_pod());
+        let s = shadow_spec(&consumer_pod(), None);
         let json = serde_json::to_string_pretty(&s).expect("json");
         expect![[r#"
             {
@@ -210,6 +320,98 @@ mod tests {
               ]
             }"#]]
         .assert_eq(&json);
+    }
+
+    fn token_volume() -> Volume {
+        serde_json::from_value(serde_json::json!({
+            "name": "kube-api-access-x7k2p",
+            "projected": {"defaultMode": 420, "sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+            ]}
+        }))
+        .expect("a projected token volume")
+    }
+
+    #[test]
+    fn a_reflected_token_takes_the_place_of_the_projected_one_under_the_same_mounts() {
+        let mut pod = consumer_pod();
+        pod.volumes.as_mut().expect("volumes")[0] = token_volume();
+        assert!(mounts_token(&pod));
+        assert_eq!(service_account(&pod), "app");
+        let s = shadow_spec(&pod, Some("tether-token-app"));
+        let json = serde_json::to_value(&s).expect("json");
+        assert_eq!(
+            json["volumes"][0],
+            serde_json::json!({
+                "name": "kube-api-access-x7k2p",
+                "secret": {"defaultMode": 420, "secretName": "tether-token-app"}
+            })
+        );
+        assert_eq!(
+            json["containers"][0]["volumeMounts"][0]["mountPath"],
+            "/var/run/secrets/kubernetes.io/serviceaccount"
+        );
+        // Still not the provider's to give a token of its own.
+        assert_eq!(json["automountServiceAccountToken"], false);
+        assert!(json.get("serviceAccountName").is_none());
+        // A volume merely named like one is not a token volume.
+        assert!(!mounts_token(&consumer_pod()));
+        let none = PodSpec {
+            service_account_name: Some(String::new()),
+            ..Default::default()
+        };
+        assert_eq!(service_account(&none), "default");
+    }
+
+    #[test]
+    fn an_offloaded_pod_finds_its_consumers_api_server_by_name() {
+        let mut spec = consumer_pod();
+        spec.containers[0].env = Some(vec![k8s_openapi::api::core::v1::EnvVar {
+            name: "KUBERNETES_SERVICE_PORT".into(),
+            value: Some("6443".into()),
+            value_from: None,
+        }]);
+        spec.host_aliases = Some(vec![
+            k8s_openapi::api::core::v1::HostAlias {
+                ip: "192.0.2.9".into(),
+                hostnames: Some(vec!["kubernetes.default".into()]),
+            },
+            k8s_openapi::api::core::v1::HostAlias {
+                ip: "192.0.2.10".into(),
+                hostnames: Some(vec!["db".into()]),
+            },
+        ]);
+        point_at_consumer_api(&mut spec, Ipv4Addr::new(10, 71, 0, 1));
+        let env: Vec<String> = spec.containers[0]
+            .env
+            .iter()
+            .flatten()
+            .map(|e| format!("{}={}", e.name, e.value.as_deref().unwrap_or_default()))
+            .collect();
+        expect![[r#"
+            [
+                "KUBERNETES_SERVICE_PORT=6443",
+                "KUBERNETES_SERVICE_HOST=kubernetes.default",
+                "KUBERNETES_SERVICE_PORT_HTTPS=443",
+                "KUBERNETES_PORT=tcp://10.71.0.1:443",
+                "KUBERNETES_PORT_443_TCP=tcp://10.71.0.1:443",
+                "KUBERNETES_PORT_443_TCP_PROTO=tcp",
+                "KUBERNETES_PORT_443_TCP_PORT=443",
+                "KUBERNETES_PORT_443_TCP_ADDR=10.71.0.1",
+            ]
+        "#]]
+        .assert_debug_eq(&env);
+        let aliases = serde_json::to_string(&spec.host_aliases).expect("json");
+        assert_eq!(
+            aliases,
+            r#"[{"hostnames":["db"],"ip":"192.0.2.10"},{"hostnames":["kubernetes","kubernetes.default","kubernetes.default.svc","kubernetes.default.svc.cluster.local"],"ip":"10.71.0.1"}]"#
+        );
+        // Idempotent: a second pass changes nothing.
+        let once = spec.clone();
+        point_at_consumer_api(&mut spec, Ipv4Addr::new(10, 71, 0, 1));
+        assert_eq!(spec, once);
     }
 
     #[test]

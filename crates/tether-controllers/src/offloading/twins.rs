@@ -43,6 +43,21 @@ fn now() -> Time {
 /// Why a request cannot get a twin: a condition reason and a message for the consumer's user.
 pub type Refusal = (&'static str, String);
 
+/// How often a refused request is looked at again when the refusal rests on this cluster's
+/// state rather than on the request: nothing that could lift it (a provider's own namespace
+/// deleted, a tenant peering again) is an event of the request, and a consumer re-sending an
+/// unchanged request is no event either.
+pub const RETRY_REFUSED: Duration = Duration::from_secs(10);
+
+/// When to look at a request refused for `reason` again; `None` when only a change of the
+/// request itself can lift the refusal.
+pub fn retry_refused(reason: &str) -> Option<Duration> {
+    match reason {
+        "NamespaceTaken" | "UnknownConsumer" | "TenantNotActive" => Some(RETRY_REFUSED),
+        _ => None,
+    }
+}
+
 /// The twin's name for the consumer namespace `origin` of `consumer`, as `spec` asks.
 pub fn twin_name(
     origin: &str,
@@ -422,8 +437,9 @@ async fn failed(
     name: Option<&str>,
     (reason, message): Refusal,
 ) -> Result<Action, Error> {
-    tracing::info!(request = %req.name_any(), namespace = ?req.namespace(), %reason, %message, "twin namespace refused");
-    report(
+    let shown = message.clone();
+    // Logged when it is news, not at every retry.
+    if report(
         octx,
         req,
         name,
@@ -432,8 +448,11 @@ async fn failed(
         reason,
         message,
     )
-    .await?;
-    Ok(Action::await_change())
+    .await?
+    {
+        tracing::info!(request = %req.name_any(), namespace = ?req.namespace(), %reason, message = %shown, "twin namespace refused");
+    }
+    Ok(retry_refused(reason).map_or_else(Action::await_change, Action::requeue))
 }
 
 async fn in_progress(
@@ -482,6 +501,7 @@ pub fn status(
     next
 }
 
+/// Writes the request's status; whether it changed.
 async fn report(
     octx: &OffCtx,
     req: &NamespaceOffloading,
@@ -490,7 +510,7 @@ async fn report(
     ready: Status,
     reason: &str,
     message: String,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     let next = status(
         req.status.as_ref(),
         name,
@@ -500,7 +520,7 @@ async fn report(
         now(),
     );
     if req.status.as_ref() == Some(&next) {
-        return Ok(());
+        return Ok(false);
     }
     let ns = req.namespace().unwrap_or_default();
     let mut obj = req.clone();
@@ -512,7 +532,7 @@ async fn report(
             "writing the status of NamespaceOffloading {ns}/{}",
             req.name_any()
         )))?;
-    Ok(())
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -632,6 +652,26 @@ mod tests {
         let mut foreign = twin_labels(&c, "shop");
         foreign.remove(labels::MANAGED_BY);
         assert_eq!(twin_consumer(&ns(foreign)), None);
+    }
+
+    #[test]
+    fn refusals_resting_on_this_cluster_are_retried() {
+        // A namespace of the provider's own may go; a tenant may come (back).
+        for reason in ["NamespaceTaken", "UnknownConsumer", "TenantNotActive"] {
+            assert_eq!(retry_refused(reason), Some(RETRY_REFUSED), "{reason}");
+        }
+        // Only a new spec can fix these, and a new spec is an event.
+        for reason in ["InvalidName", "MissingRemoteNamespaceName"] {
+            assert_eq!(retry_refused(reason), None, "{reason}");
+        }
+        let c = id("consumer-1");
+        let invalid = twin_name(
+            "Bad",
+            &c,
+            &spec(NamespaceMappingStrategy::EnforceSameName, None),
+        )
+        .unwrap_err();
+        assert_eq!(retry_refused(invalid.0), None, "{invalid:?}");
     }
 
     #[test]

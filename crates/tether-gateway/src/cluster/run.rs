@@ -2,8 +2,9 @@
 //! GatewayClient, the Configurations and the key Secret of its namespace (and the Nodes, for
 //! the fabric); on every change, translate, and when the configuration differs, stop the
 //! running tunnel and start the new one in the same process (the WireGuard device and the TUN
-//! devices are fixed for a run). Once a second, the Connection `tether-gateway` gets the
-//! assessment, written only when it changed.
+//! devices are fixed for a run). A change of the published addresses alone (the
+//! Configuration's `status.published`) is applied to the running tunnel in place. Once a
+//! second, the Connection `tether-gateway` gets the assessment, written only when it changed.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -76,6 +77,7 @@ struct Running {
     started: Instant,
     tracker: Tracker,
     context: Context,
+    mappings: tokio::sync::watch::Sender<Vec<tether_netplan::IpMapping>>,
 }
 
 impl Running {
@@ -161,7 +163,18 @@ pub async fn run(
                 let changes = running
                     .as_ref()
                     .map(|r| translate::changed_fields(&r.config, &config));
-                if changes.as_ref().is_none_or(|c| !c.is_empty()) {
+                if let Some(r) = running.as_mut()
+                    && changes.as_ref().is_some_and(Vec::is_empty)
+                    && r.config.ip_mappings != config.ip_mappings
+                {
+                    tracing::info!(
+                        published = config.ip_mappings.len(),
+                        "published addresses changed (Configuration status.published): \
+                         updating the running tunnel in place"
+                    );
+                    r.config.ip_mappings = config.ip_mappings.clone();
+                    r.mappings.send_replace(config.ip_mappings);
+                } else if changes.as_ref().is_none_or(|c| !c.is_empty()) {
                     if let Some(r) = running.take() {
                         tracing::info!(
                             changed = %changes.unwrap_or_default().join(", "),
@@ -310,7 +323,12 @@ fn start(
             gateway.name()
         ),
     };
-    let task = tokio::task::spawn_local(prepared.run(registry, health.clone(), stop.clone()));
+    let (mappings, updates) = tokio::sync::watch::channel(config.ip_mappings.clone());
+    let task = tokio::task::spawn_local(prepared.follow_ip_mappings(updates).run(
+        registry,
+        health.clone(),
+        stop.clone(),
+    ));
     Running {
         config,
         observer,
@@ -319,6 +337,7 @@ fn start(
         started: Instant::now(),
         tracker: Tracker::default(),
         context,
+        mappings,
     }
 }
 

@@ -369,6 +369,7 @@ pub fn translate(objects: &Objects<'_>, settings: &Settings) -> Result<Config, N
         tunnel_address: None,
     }];
     defaults::assign_tunnel_addresses(&mut peers);
+    let ip_mappings = published_mappings(settings, conf, external_cidr, &pod_cidrs);
     Ok(Config {
         private_key,
         listen,
@@ -381,8 +382,44 @@ pub fn translate(objects: &Objects<'_>, settings: &Settings) -> Result<Config, N
         reconcile_interval: settings.reconcile_interval,
         remap_pools: tether_ipam::IpamConfig::rfc1918_pools(),
         peers,
-        ip_mappings: settings.publish.clone(),
+        ip_mappings,
     })
+}
+
+/// The addresses to publish: `--publish` first (the control plane), then the
+/// Configuration's `status.published` (the cluster's IP objects), less every entry the planner
+/// would refuse (not an address, outside the external CIDR, a pod address, an address or host
+/// already taken), so that one bad entry never takes the tunnel down.
+pub fn published_mappings(
+    settings: &Settings,
+    conf: &Configuration,
+    external_cidr: Option<Ipv4Net>,
+    pod_cidrs: &[Ipv4Net],
+) -> Vec<tether_netplan::IpMapping> {
+    let mut out = settings.publish.clone();
+    let Some(external_cidr) = external_cidr else {
+        return out;
+    };
+    let listed = conf
+        .status
+        .as_ref()
+        .map(|s| s.published.as_slice())
+        .unwrap_or_default();
+    for p in listed {
+        let (Ok(external), Ok(real)) = (
+            p.external.trim().parse::<std::net::Ipv4Addr>(),
+            p.ip.trim().parse::<std::net::Ipv4Addr>(),
+        ) else {
+            continue;
+        };
+        let usable = external_cidr.contains(&external)
+            && !pod_cidrs.iter().any(|c| c.contains(&real))
+            && !out.iter().any(|m| m.external == external || m.real == real);
+        if usable {
+            out.push(tether_netplan::IpMapping { external, real });
+        }
+    }
+    out
 }
 
 /// Turns a planning error of a translated configuration into the object field behind it.

@@ -376,9 +376,16 @@ pub fn slices(
         .filter(|s| service(s, consumer).is_some())
         .flat_map(|s| endpoint_slices(&s.name_any(), local_slices, virtual_nodes, view, consumer))
         .collect();
+    // The provider's EndpointSlice controller copies a Service's labels, our marks included,
+    // onto the slices it keeps for the copy: only slices managed by us are ours to change.
+    let remote: Vec<EndpointSlice> = remote
+        .iter()
+        .filter(|s| s.labels().get(SLICE_MANAGED_BY).map(String::as_str) == Some(SLICE_MANAGER))
+        .cloned()
+        .collect();
     diff(
         wanted,
-        remote,
+        &remote,
         consumer,
         |w, h| {
             w.metadata.labels == h.metadata.labels

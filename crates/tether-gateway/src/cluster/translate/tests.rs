@@ -423,3 +423,54 @@ fn a_changed_remap_or_key_is_named() {
     assert_eq!(changed_fields(&before, &after), ["peer public key"]);
     assert!(changed_fields(&before, &before).is_empty());
 }
+
+#[test]
+fn published_addresses_come_from_the_configuration_and_change_no_tunnel_field() {
+    let key = secret(SERVER_PRIVATE);
+    let mut s = settings();
+    // The control plane, as the Deployment's `--publish` gives it.
+    s.publish = vec![tether_netplan::IpMapping {
+        external: "10.70.0.1".parse().expect("addr"),
+        real: "10.96.0.1".parse().expect("addr"),
+    }];
+    let with_external = |published: serde_json::Value| {
+        json_edit(&configuration(), |j| {
+            j["spec"]["local"]["cidr"]["external"] = serde_json::json!(["10.70.0.0/16"]);
+            j["status"]["published"] = published;
+        })
+    };
+    let config = |conf: &Configuration| -> Config {
+        translate(
+            &Objects {
+                namespace: NS,
+                gateway: &server(),
+                secret: Some(&key),
+                configurations: std::slice::from_ref(conf),
+            },
+            &s,
+        )
+        .expect("config")
+    };
+    let before = config(&with_external(serde_json::json!([])));
+    let conf = with_external(serde_json::json!([
+        {"external": "10.70.0.3", "ip": "198.18.0.11", "source": "default/node"},
+        // Each of these would make the planner refuse the whole list: left out.
+        {"external": "10.70.0.1", "ip": "192.168.7.7"},
+        {"external": "10.70.0.4", "ip": "10.96.0.1"},
+        {"external": "10.99.0.5", "ip": "192.168.7.8"},
+        {"external": "10.70.0.6", "ip": "10.0.3.4"},
+        {"external": "10.70.0.7", "ip": "not-an-address"},
+        {"external": "10.70.0.8", "ip": "198.18.0.11"},
+    ]));
+    let after = config(&conf);
+    let shown: Vec<String> = after
+        .ip_mappings
+        .iter()
+        .map(|m| format!("{}={}", m.external, m.real))
+        .collect();
+    assert_eq!(shown, ["10.70.0.1=10.96.0.1", "10.70.0.3=198.18.0.11"]);
+    crate::Prepared::new(after.clone()).expect("the list plans");
+    // No field that rebuilds the tunnel changed: the gateway applies the list in place.
+    assert!(changed_fields(&before, &after).is_empty());
+    assert_ne!(before.ip_mappings, after.ip_mappings);
+}

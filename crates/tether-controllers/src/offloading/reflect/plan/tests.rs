@@ -445,13 +445,20 @@ fn slices_follow_their_services() {
         names(&slices(&[], &local, &there, &virtual_nodes, &view(), ME)),
         ["deleted echo-tether-0"]
     );
-    // The provider's own slices of the Service are never touched.
-    let providers = stored(&local_slice(
+    // The provider's own slices of the Service are never touched, though its EndpointSlice
+    // controller copies the copy's labels, our marks included, onto them.
+    let mut providers = stored(&local_slice(
         "echo-xyz",
         "echo",
         KUBE_SLICE_MANAGER,
         vec![endpoint("10.80.0.9", "p-node", true)],
     ));
+    let marks = providers
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default);
+    marks.insert(REFLECTED.to_owned(), "true".to_owned());
+    marks.insert(REMOTE_CLUSTER_ID.to_owned(), ME.to_owned());
     let mut with_theirs = there;
     with_theirs.push(providers);
     assert!(

@@ -1,0 +1,155 @@
+//! Watched copies of what a provider holds in a namespace there: one watch per provider,
+//! namespace and kind, opened on first use with the tenant identity and kept while it is
+//! used. Pod reflection and namespace reflection read these instead of asking the provider on
+//! every pass, so an idle offloaded namespace costs the link between the clusters only its
+//! open watches, whatever the number of pods.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde::de::DeserializeOwned;
+use tether_api::ClusterId;
+
+use crate::Error;
+use crate::providers::Access;
+
+/// How long the first listing of a watch may take before the provider counts as unreachable.
+const FIRST_LIST: Duration = Duration::from_secs(5);
+/// A watch nobody read for this long is closed (its namespace was unoffloaded, its virtual
+/// node removed).
+const IDLE: Duration = Duration::from_secs(600);
+
+/// A namespaced kind that can be watched into a store.
+pub trait Watchable:
+    Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    + Clone
+    + Debug
+    + DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watchable for K where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// (provider, namespace, kind).
+type Key = (String, String, &'static str);
+
+struct Entry {
+    /// The identity the watch was opened with ([`Access::version`]).
+    version: String,
+    /// A `Store<K>` for the entry's kind.
+    store: Box<dyn Any + Send + Sync>,
+    last_used: Instant,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The open watches; dropping it closes them all (a leader's term ends).
+#[derive(Default)]
+pub struct Watched {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+impl Watched {
+    /// Every `K` in `ns` at `provider`, as the watch last saw them. Waits for the first
+    /// listing of a new watch; an error means the provider did not answer it in time.
+    pub async fn list<K: Watchable>(
+        &self,
+        provider: &ClusterId,
+        access: &Access,
+        ns: &str,
+    ) -> Result<Vec<Arc<K>>, Error> {
+        let store = self.store::<K>(provider, access, ns);
+        match tokio::time::timeout(FIRST_LIST, store.wait_until_ready()).await {
+            Ok(Ok(())) => Ok(store.state()),
+            Ok(Err(_)) | Err(_) => Err(Error::Timeout(format!(
+                "listing {} in {ns} at {provider}",
+                K::plural(&())
+            ))),
+        }
+    }
+
+    /// The `K` named `name` in `ns` at `provider`, as [`Watched::list`] sees it.
+    pub async fn get<K: Watchable>(
+        &self,
+        provider: &ClusterId,
+        access: &Access,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<Arc<K>>, Error> {
+        let store = self.store::<K>(provider, access, ns);
+        match tokio::time::timeout(FIRST_LIST, store.wait_until_ready()).await {
+            Ok(Ok(())) => Ok(store.get(&reflector::ObjectRef::new(name).within(ns))),
+            Ok(Err(_)) | Err(_) => Err(Error::Timeout(format!(
+                "reading {} {ns}/{name} at {provider}",
+                K::kind(&())
+            ))),
+        }
+    }
+
+    fn store<K: Watchable>(&self, provider: &ClusterId, access: &Access, ns: &str) -> Store<K> {
+        let kind: &'static str = std::any::type_name::<K>();
+        let key = (provider.as_str().to_owned(), ns.to_owned(), kind);
+        let now = Instant::now();
+        let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
+        entries.retain(|_, e| now.duration_since(e.last_used) < IDLE);
+        if let Some(e) = entries.get_mut(&key)
+            && e.version == access.version
+            && let Some(store) = e.store.downcast_ref::<Store<K>>()
+        {
+            e.last_used = now;
+            return store.clone();
+        }
+        let (store, writer) = reflector::store::<K>();
+        let api: Api<K> = Api::namespaced(access.client.clone(), ns);
+        // Managed fields are the bulk of a stored object and nothing here reads them.
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .reflect(writer);
+        let (p, n) = (provider.to_string(), ns.to_owned());
+        let task = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(e) = event {
+                    tracing::warn!(provider = %p, namespace = %n, kind, error = %e, "watching the provider failed; retrying");
+                }
+            }
+        });
+        // Replacing an entry drops (and so aborts) the watch opened with an older identity.
+        entries.insert(
+            key,
+            Entry {
+                version: access.version.clone(),
+                store: Box::new(store.clone()),
+                last_used: now,
+                task,
+            },
+        );
+        store
+    }
+}
