@@ -103,6 +103,18 @@ pub mod finalizers {
     pub const NAMESPACE_OFFLOADING: &str = "offloading.tether.dev/namespace-offloading";
 }
 
+/// Storage: the class whose claims the controller provisions at the provider that runs the
+/// pod using them.
+pub mod storage {
+    /// The StorageClass `tether install` creates.
+    pub const STORAGE_CLASS: &str = "tether";
+    /// Its provisioner, which the controller serves (and the CSI driver named in its volumes).
+    pub const PROVISIONER: &str = "tether.dev/remote";
+    /// The class parameter naming the provider's StorageClass for the twin claim; without it
+    /// the provider's default class serves it.
+    pub const PROVIDER_STORAGE_CLASS: &str = "providerStorageClass";
+}
+
 /// Names of objects `tether install` and the controller create in [`SYSTEM_NAMESPACE`].
 pub mod objects {
     /// The controller's ServiceAccount, ClusterRole(Binding), Role(Binding) and Deployment.

@@ -164,8 +164,15 @@ const IPV4_PATTERN: &str = r"^([0-9]{1,3}\.){3}[0-9]{1,3}$";
 #[serde(rename_all = "camelCase")]
 pub struct IPSpec {
     /// The local IPv4 address to publish: not a pod or Service address (those are reached
-    /// directly) and not inside the external CIDR.
-    #[schemars(regex(pattern = IPV4_PATTERN))]
+    /// directly) and not inside the external CIDR. Immutable: to publish another address,
+    /// delete the IP and create it again.
+    #[schemars(
+        regex(pattern = IPV4_PATTERN),
+        extend("x-kubernetes-validations" = [{
+            "rule": "self == oldSelf",
+            "message": "spec.ip is immutable: delete this IP and create it again to publish another address"
+        }])
+    )]
     pub ip: String,
 }
 
@@ -180,6 +187,11 @@ pub struct IPStatus {
     /// The external CIDR `ip` belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cidr: Option<String>,
+    /// The local address `ip` stands for: `spec.ip` when it was published, kept if
+    /// `spec.ip` is changed afterwards (which is refused).
+    #[serde(default, rename = "localIP", skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = IPV4_PATTERN))]
+    pub local_ip: Option<String>,
     /// Conditions; `Ready` once the address has a host and the gateways publish it, else why
     /// not and what to do.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

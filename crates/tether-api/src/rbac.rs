@@ -147,6 +147,20 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
         // The consumer's side: an offloaded pod authenticates to this API server as its own
         // ServiceAccount, with a token the controller mints for it (as the kubelet would).
         rule(&[CORE], &["serviceaccounts/token"], &["create"]),
+        // The consumer's side: the provisioner of the `tether` StorageClass binds a claim of a
+        // pod on a virtual node to a volume it makes here, and removes that volume once
+        // released.
+        rule(
+            &[CORE],
+            &["persistentvolumes"],
+            &["get", "list", "watch", "create", "delete"],
+        ),
+        rule(
+            &[CORE],
+            &["persistentvolumeclaims"],
+            &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(&["storage.k8s.io"], &["storageclasses"], READ),
         // The pod webhook's configuration, whose caBundle the controller keeps.
         named(
             &["admissionregistration.k8s.io"],
@@ -175,7 +189,26 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
             &["events"],
             &["create", "patch", "update"],
         ),
+        // The virtual kubelet API asks whether a caller may use a node's kubelet API, as a
+        // kubelet with webhook authorisation does.
+        rule(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews"],
+            &["create"],
+        ),
     ]
+}
+
+/// What the controller reads in `kube-system` (Role `tether-controller-client-ca`): the
+/// API server's client CA, which callers of the virtual kubelet API must hold a certificate
+/// of.
+pub fn controller_client_ca_rules() -> Vec<PolicyRule> {
+    vec![named(
+        &[CORE],
+        &["configmaps"],
+        &["extension-apiserver-authentication"],
+        &["get"],
+    )]
 }
 
 /// The controller's rules in its own namespace (Role `tether-controller` in `tether-system`).
@@ -353,6 +386,7 @@ mod tests {
             controller_cluster_rules(),
             controller_namespace_rules(),
             controller_apiserver_rules(),
+            controller_client_ca_rules(),
             controller_node_lease_rules(),
             controller_tenant_rules(),
             tenant_rules(),

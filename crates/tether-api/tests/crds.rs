@@ -219,3 +219,18 @@ fn foreign_cluster_columns_and_validation() {
         ]
     );
 }
+
+#[test]
+fn an_ips_address_is_immutable_for_api_servers_that_evaluate_cel() {
+    let crd =
+        serde_json::to_value(<tether_api::networking::IP as kube_core::CustomResourceExt>::crd())
+            .expect("json");
+    let rules =
+        &schema_of(&crd)["properties"]["spec"]["properties"]["ip"]["x-kubernetes-validations"];
+    assert_eq!(rules[0]["rule"], "self == oldSelf", "{rules}");
+    let message = rules[0]["message"].as_str().expect("message");
+    assert!(
+        message.contains("immutable") && message.contains("delete this IP and create it again"),
+        "{message}"
+    );
+}

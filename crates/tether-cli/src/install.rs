@@ -393,6 +393,7 @@ fn group_of(m: &Manifest) -> &'static str {
         Manifest::DaemonSet(_) => "daemonset",
         Manifest::Service(_) => "service",
         Manifest::MutatingWebhookConfiguration(_) => "webhook",
+        Manifest::StorageClass(_) => "storageclass",
     }
 }
 
@@ -948,9 +949,14 @@ pub async fn uninstall(conn: &Conn, opts: UninstallOptions, progress: &mut Progr
     for name in [objects::CONTROLLER, objects::FABRIC] {
         doomed.push(Doomed::of::<ClusterRoleBinding>(None, name));
     }
+    doomed.push(Doomed::of::<k8s_openapi::api::storage::v1::StorageClass>(
+        None,
+        tether_api::names::storage::STORAGE_CLASS,
+    ));
     for (namespace, name) in [
         ("default", manifests::APISERVER_ROLE),
         (manifests::NODE_LEASE_NAMESPACE, manifests::NODE_LEASE_ROLE),
+        (manifests::CLIENT_CA_NAMESPACE, manifests::CLIENT_CA_ROLE),
     ] {
         doomed.push(Doomed::of::<Role>(Some(namespace), name));
         doomed.push(Doomed::of::<RoleBinding>(Some(namespace), name));

@@ -1,6 +1,7 @@
 //! What `tether install` creates, as typed Kubernetes objects in the order they are applied:
 //! the namespace, the CRDs, the controller's ServiceAccount and least-privilege RBAC, the
-//! cluster-ID ConfigMap, the controller Deployment and the authentication Service.
+//! cluster-ID ConfigMap, the controller Deployment and the authentication Service, and the
+//! `tether` StorageClass whose claims the controller provisions at providers.
 //!
 //! Pure: no IO, no clock, no randomness. The same options always render the same objects.
 
@@ -22,13 +23,14 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
+use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Serialize;
 use tether_api::ClusterId;
-use tether_api::names::{SYSTEM_NAMESPACE, labels, network, objects};
+use tether_api::names::{SYSTEM_NAMESPACE, labels, network, objects, storage};
 use tether_api::rbac;
 
 /// The controller's admin port (`/metrics`, `/healthz`, `/readyz`).
@@ -47,6 +49,11 @@ pub const APISERVER_ROLE: &str = "tether-controller-apiserver";
 /// The Role (and RoleBinding) in `kube-node-lease` that lets the controller keep its
 /// virtual nodes' Leases.
 pub const NODE_LEASE_ROLE: &str = "tether-controller-node-leases";
+/// The Role (and RoleBinding) in `kube-system` that lets the controller read the API
+/// server's client CA, which callers of the virtual kubelet API must hold a certificate of.
+pub const CLIENT_CA_ROLE: &str = "tether-controller-client-ca";
+/// Where the API server publishes its client CA.
+pub const CLIENT_CA_NAMESPACE: &str = "kube-system";
 /// Where kubelets keep their node Leases.
 pub const NODE_LEASE_NAMESPACE: &str = "kube-node-lease";
 /// The controller's container name.
@@ -174,6 +181,8 @@ pub enum Manifest {
     Service(Service),
     /// The pod admission webhook of offloaded namespaces.
     MutatingWebhookConfiguration(MutatingWebhookConfiguration),
+    /// The `tether` StorageClass.
+    StorageClass(StorageClass),
 }
 
 macro_rules! each_manifest {
@@ -191,6 +200,7 @@ macro_rules! each_manifest {
             Manifest::DaemonSet($obj) => $body,
             Manifest::Service($obj) => $body,
             Manifest::MutatingWebhookConfiguration($obj) => $body,
+            Manifest::StorageClass($obj) => $body,
         }
     };
 }
@@ -238,7 +248,7 @@ fn kind_of<K: k8s_openapi::Resource>(_: &K) -> &'static str {
 
 /// Every object `tether install` applies, in dependency order: namespace, CRDs,
 /// ServiceAccount, ClusterRoles, ClusterRoleBindings, Roles, RoleBindings, ConfigMap,
-/// Deployment, Service.
+/// Deployment, Service, webhook, StorageClass.
 pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
     let mut out = vec![Manifest::Namespace(Namespace {
         metadata: meta(SYSTEM_NAMESPACE, None),
@@ -303,10 +313,15 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
         metadata: meta(NODE_LEASE_ROLE, Some(NODE_LEASE_NAMESPACE)),
         rules: Some(rbac::controller_node_lease_rules()),
     }));
+    out.push(Manifest::Role(Role {
+        metadata: meta(CLIENT_CA_ROLE, Some(CLIENT_CA_NAMESPACE)),
+        rules: Some(rbac::controller_client_ca_rules()),
+    }));
     for (name, namespace) in [
         (objects::CONTROLLER, SYSTEM_NAMESPACE),
         (APISERVER_ROLE, "default"),
         (NODE_LEASE_ROLE, NODE_LEASE_NAMESPACE),
+        (CLIENT_CA_ROLE, CLIENT_CA_NAMESPACE),
     ] {
         out.push(Manifest::RoleBinding(RoleBinding {
             metadata: meta(name, Some(namespace)),
@@ -353,7 +368,21 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
     out.push(Manifest::Service(auth_service(opts)));
     out.push(Manifest::Service(webhook_service()));
     out.push(Manifest::MutatingWebhookConfiguration(pod_webhook(opts)));
+    out.push(Manifest::StorageClass(storage_class()));
     out
+}
+
+/// The class of claims served by the provider that runs the pod using them. Binding waits
+/// for the pod's node, since only a virtual node says which provider that is; a claim of a
+/// pod on a real node is not this class's to serve.
+fn storage_class() -> StorageClass {
+    StorageClass {
+        metadata: meta(storage::STORAGE_CLASS, None),
+        provisioner: storage::PROVISIONER.to_owned(),
+        reclaim_policy: Some("Delete".to_owned()),
+        volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
+        ..Default::default()
+    }
 }
 
 /// The Service in front of every controller replica's admission webhook.

@@ -531,15 +531,7 @@ pub async fn offload_namespace(
             match phase.as_str() {
                 "Ready" => break Ok(status),
                 "NoClusterSelected" | "AllFailed" | "SomeFailed" => {
-                    let details: Vec<String> = status
-                        .remote_namespaces_conditions
-                        .iter()
-                        .flat_map(|(p, cs)| {
-                            cs.iter()
-                                .filter(|c| c.status != "True")
-                                .map(move |c| format!("{p}: {}: {}", c.reason, c.message))
-                        })
-                        .collect();
+                    let details = refusals(&status);
                     progress.failed(phase.clone());
                     break Err(Error::Check(format!(
                         "offloading namespace {ns} failed ({phase}): {}",
@@ -649,4 +641,77 @@ pub async fn unoffload_namespace(
         "namespace {ns} unoffloaded: its pods run here and the twins are gone"
     ));
     Ok(())
+}
+
+/// One line per provider condition that is not True: `provider: Reason: message`. Older
+/// controllers filed the provider's own message with its name in front, which is dropped here
+/// so the provider reads once.
+fn refusals(status: &NamespaceOffloadingStatus) -> Vec<String> {
+    status
+        .remote_namespaces_conditions
+        .iter()
+        .flat_map(|(p, cs)| {
+            cs.iter().filter(|c| c.status != "True").map(move |c| {
+                let message = c
+                    .message
+                    .strip_prefix(p.as_str())
+                    .and_then(|m| m.strip_prefix(": "))
+                    .unwrap_or(&c.message);
+                format!("{p}: {}: {message}", c.reason)
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether_api::conditions::Condition;
+
+    fn ready(status: &str, reason: &str, message: &str) -> Vec<Condition> {
+        vec![Condition {
+            type_: types::READY.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            observed_generation: None,
+            last_transition_time: conditions::Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }]
+    }
+
+    #[test]
+    fn each_refusal_names_its_provider_once() {
+        let status = NamespaceOffloadingStatus {
+            remote_namespaces_conditions: BTreeMap::from([
+                (
+                    "beta".to_owned(),
+                    ready("False", "NamespaceTaken", "namespace shop already exists"),
+                ),
+                // As an older controller filed it.
+                (
+                    "delta".to_owned(),
+                    ready(
+                        "False",
+                        "NamespaceTaken",
+                        "delta: namespace shop already exists",
+                    ),
+                ),
+                ("gamma".to_owned(), ready("True", "TwinReady", "ready")),
+                // A name at the start that is not the old prefix stays.
+                (
+                    "epsilon".to_owned(),
+                    ready("False", "Unreachable", "epsilon-2 is not this provider"),
+                ),
+            ]),
+            ..Default::default()
+        };
+        assert_eq!(
+            refusals(&status),
+            [
+                "beta: NamespaceTaken: namespace shop already exists",
+                "delta: NamespaceTaken: namespace shop already exists",
+                "epsilon: Unreachable: epsilon-2 is not this provider",
+            ]
+        );
+    }
 }

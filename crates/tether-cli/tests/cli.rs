@@ -233,7 +233,7 @@ async fn dry_run_with_a_cluster_id_needs_no_cluster() {
     run.assert_code(0);
     assert_eq!(
         run.stdout.matches("\n---\n").count() + 1,
-        36,
+        39,
         "{}",
         run.stdout
     );

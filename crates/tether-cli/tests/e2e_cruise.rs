@@ -319,10 +319,15 @@ fn conflicting_remote_namespace(a: &Sim, south: &Sim, north: &Sim) {
         4,
         &[
             "SomeFailed",
-            &format!("{SOUTH}: NamespaceTaken"),
-            "namespace clash already exists",
+            &format!("{SOUTH}: NamespaceTaken: namespace clash already exists"),
             "SelectedName",
         ],
+    );
+    assert!(
+        !run.stderr.contains(&format!("{SOUTH}: {SOUTH}:"))
+            && !run.stderr.contains(&format!("NamespaceTaken: {SOUTH}")),
+        "the refusal names its provider once: {}",
+        run.stderr
     );
     a.wait(
         "the refused offloading put back",
@@ -379,7 +384,7 @@ spec: {namespaceMappingStrategy: EnforceSameName}
     assert_eq!(refused["reason"], "NamespaceTaken", "{status}");
     let message = refused["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains(SOUTH)
+        !message.starts_with(SOUTH)
             && message.contains("namespace clash already exists")
             && message.contains(&format!("not the twin of {CONSUMER}'s namespace clash"))
             && message.contains("SelectedName"),

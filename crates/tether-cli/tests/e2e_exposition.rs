@@ -137,31 +137,7 @@ fn external_addresses_node_ports_and_load_balancers_reach_across_the_peering() {
     a.install(CONSUMER, &[]);
     b.install(PROVIDER, &[]);
     let kc = std::path::Path::new(a.kubeconfig());
-    a.tether(&[
-        "peer",
-        "--remote-kubeconfig",
-        b.kubeconfig(),
-        "--cpu",
-        "1",
-        "--memory",
-        "1Gi",
-        "--pods",
-        "10",
-        "--timeout",
-        "4m",
-    ])
-    .ok();
-    a.kubectl(&["create", "namespace", NS]).ok();
-    a.tether(&[
-        "offload",
-        "namespace",
-        NS,
-        "--pod-offloading-strategy",
-        "Remote",
-        "--timeout",
-        "90s",
-    ])
-    .ok();
+    a.peer_and_offload_remote(&b, NS);
     a.apply_as(
         kc,
         &format!(

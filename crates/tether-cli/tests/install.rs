@@ -60,6 +60,7 @@ fn api_resource(m: &Manifest) -> ApiResource {
         "DaemonSet" => "daemonsets",
         "Service" => "services",
         "MutatingWebhookConfiguration" => "mutatingwebhookconfigurations",
+        "StorageClass" => "storageclasses",
         other => panic!("unexpected kind {other}"),
     };
     ApiResource {
@@ -300,7 +301,7 @@ async fn dry_run_piped_to_kubectl_apply_gives_what_install_creates() {
             String::from_utf8_lossy(&applied.stderr)
         );
         let out = String::from_utf8_lossy(&applied.stdout);
-        assert_eq!(out.lines().count(), 36, "{out}");
+        assert_eq!(out.lines().count(), 39, "{out}");
     }
     // Printing changed nothing in a cluster that was never installed.
     let ns: Api<Namespace> = Api::all(via_install.client());
@@ -499,7 +500,7 @@ async fn uninstall_refuses_while_peered_and_force_removes_everything() {
     let refused = sim.tether(&["uninstall", "--timeout", "20s"]).await;
     refused.assert_fails(4, &["still peers with east-1", "tether unpeer", "--force"]);
     assert!(
-        read_back(&client, "gone-1").await.len() == 35,
+        read_back(&client, "gone-1").await.len() == 38,
         "nothing was removed"
     );
 

@@ -45,15 +45,18 @@ fn objects_come_in_dependency_order() {
         Role tether-system/tether-controller
         Role default/tether-controller-apiserver
         Role kube-node-lease/tether-controller-node-leases
+        Role kube-system/tether-controller-client-ca
         RoleBinding tether-system/tether-controller
         RoleBinding default/tether-controller-apiserver
         RoleBinding kube-node-lease/tether-controller-node-leases
+        RoleBinding kube-system/tether-controller-client-ca
         ConfigMap tether-system/tether-cluster-id
         Deployment tether-system/tether-controller
         DaemonSet tether-system/tether-fabric
         Service tether-system/tether-auth
         Service tether-system/tether-webhook
         MutatingWebhookConfiguration tether-pods
+        StorageClass tether
     "#]]
     .assert_eq(&(order.join("\n") + "\n"));
 }
@@ -161,7 +164,7 @@ fn rendering_is_deterministic() {
     let json: serde_json::Value =
         serde_json::from_str(&manifests::to_json(&manifests::render(&options()))).expect("json");
     assert_eq!(json["kind"], "List");
-    assert_eq!(json["items"].as_array().map(Vec::len), Some(35));
+    assert_eq!(json["items"].as_array().map(Vec::len), Some(38));
 }
 
 /// The whole of what Tether's roles allow. A change here is a change of the controller's

@@ -1,6 +1,7 @@
-//! The HTTPS accept loop the controller's servers share (the authentication service and the
-//! admission webhook): TLS with a handshake deadline, HTTP/1 or 2, the peer's address in the
-//! request's extensions for handlers that limit per source.
+//! The HTTPS accept loop the controller's servers share (the authentication service, the
+//! admission webhook and the virtual kubelet API): TLS with a handshake deadline, HTTP/1 or 2,
+//! the peer's address (and the client certificates it presented) in the request's extensions
+//! for handlers that limit per source or authenticate callers.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,6 +14,11 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
+
+/// The certificate chain the client presented in the TLS handshake, leaf first, in the
+/// extensions of each request of that connection.
+#[derive(Debug, Clone)]
+pub struct PeerCertificates(pub Arc<Vec<rustls::pki_types::CertificateDer<'static>>>);
 
 /// Binds `addr` for `what` and returns the bound address and the serving future, which runs
 /// until `shutdown` is cancelled.
@@ -56,9 +62,17 @@ pub async fn serve(
                     }
                     Err(_) => return,
                 };
+                let certificates = tls.get_ref().1.peer_certificates().map(|chain| {
+                    PeerCertificates(Arc::new(
+                        chain.iter().map(|c| c.clone().into_owned()).collect(),
+                    ))
+                });
                 let svc = hyper::service::service_fn(
                     move |mut req: hyper::Request<hyper::body::Incoming>| {
                         req.extensions_mut().insert(ConnectInfo(peer));
+                        if let Some(c) = &certificates {
+                            req.extensions_mut().insert(c.clone());
+                        }
                         let mut app = app.clone();
                         async move { tower::Service::call(&mut app, req).await }
                     },

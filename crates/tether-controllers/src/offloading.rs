@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
@@ -18,7 +18,7 @@ use kube::runtime::watcher;
 use tether_api::ClusterId;
 use tether_api::authentication::ResourceSlice;
 use tether_api::names::{self, labels};
-use tether_api::offloading::{NamespaceOffloading, ShadowPod, VirtualNode};
+use tether_api::offloading::{NamespaceOffloading, VirtualNode};
 use tokio_util::sync::CancellationToken;
 
 use crate::Error;
@@ -26,6 +26,7 @@ use crate::context::Ctx;
 use crate::providers::ProviderClients;
 
 pub mod kubelet;
+pub mod local;
 pub mod namespaces;
 pub mod placement;
 pub mod pods;
@@ -36,7 +37,12 @@ pub mod tokens;
 pub mod translate;
 pub mod twins;
 pub mod virtual_nodes;
+pub mod volumes;
 pub mod watched;
+
+/// How long the ShadowPod reconciler gathers changes of one ShadowPod and its Pod before it
+/// acts on them.
+const DEBOUNCE: Duration = Duration::from_millis(250);
 
 /// State of the offloading reconcilers.
 pub struct OffCtx {
@@ -46,8 +52,14 @@ pub struct OffCtx {
     pub providers: Arc<ProviderClients>,
     /// Serialises a provider's answers, so two requests never share the last capacity.
     grant_lock: tokio::sync::Mutex<()>,
-    /// Serialises admissions of ShadowPods, so two pods never share the last of a grant.
-    admission_lock: tokio::sync::Mutex<()>,
+    /// The ShadowPods admitted here whose admission the watch has not shown yet; serialises
+    /// admissions, so two pods never share the last of a grant.
+    admissions: std::sync::Mutex<shadow_pods::Admissions>,
+    /// The provider's ShadowPods and their Pods, as the ShadowPod reconciler's watches see
+    /// them.
+    shadow_pods: shadow_pods::Stores,
+    /// This cluster's objects that reflection reads on every pass, watched.
+    pub local: local::Local,
     /// The running virtual kubelets.
     pub nodes: virtual_nodes::Tasks,
     /// When the ServiceAccount tokens reflected for offloaded pods expire.
@@ -60,10 +72,12 @@ impl OffCtx {
     /// State for one leader term.
     pub fn new(ctx: Arc<Ctx>, providers: Arc<ProviderClients>) -> Self {
         Self {
+            local: local::Local::new(ctx.client.clone()),
             ctx,
             providers,
             grant_lock: tokio::sync::Mutex::new(()),
-            admission_lock: tokio::sync::Mutex::new(()),
+            admissions: std::sync::Mutex::default(),
+            shadow_pods: shadow_pods::Stores::default(),
             nodes: virtual_nodes::Tasks::default(),
             tokens: tokens::Minted::default(),
             watched: watched::Watched::default(),
@@ -114,19 +128,31 @@ pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
     .run(twins::reconcile, error_policy, octx.clone())
     .for_each(|_| async {});
     let selector = format!("{}={}", labels::TETHER_MANAGED_BY, labels::SHADOW_POD);
-    let shadow_pods = Controller::new(
-        Api::<ShadowPod>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .owns(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().labels(&selector),
-    )
+    let Some((shadows, pods)) = octx.shadow_pods.streams(&client, &selector) else {
+        tracing::error!(
+            "the ShadowPod watches of this term were already started; not reconciling ShadowPods"
+        );
+        return;
+    };
+    let shadow_pods = Controller::for_stream(shadows, octx.shadow_pods.shadow_pods.clone())
+        .owns_stream(pods)
+        // A new Pod's status changes several times within a second; one write of the
+        // ShadowPod's status for them all spares the consumer's watch the rest.
+        .with_config(kube::runtime::controller::Config::default().debounce(DEBOUNCE))
     .graceful_shutdown_on(stop.clone().cancelled_owned())
     .run(shadow_pods::reconcile, error_policy, octx.clone())
     .for_each(|_| async {});
     let reflection = reflect::run(octx.clone(), stop.clone());
-    tokio::join!(slices, nodes, offloaded, twins, shadow_pods, reflection);
+    let volumes = volumes::run(octx.clone(), stop.clone());
+    tokio::join!(
+        slices,
+        nodes,
+        offloaded,
+        twins,
+        shadow_pods,
+        reflection,
+        volumes
+    );
     octx.nodes.stop_all().await;
 }
 

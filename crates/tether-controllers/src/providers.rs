@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
@@ -17,7 +18,12 @@ use crate::kubeconfig::Stored;
 #[derive(Default)]
 pub struct ProviderClients {
     by_cluster: Mutex<HashMap<String, (String, kube::Client)>>,
+    /// The last answer of [`ProviderClients::access`] per provider, with when it was read.
+    recent: Mutex<HashMap<String, (Instant, Option<Access>)>>,
 }
+
+/// How long [`ProviderClients::recent_access`] reuses an answer.
+const RECENT: Duration = Duration::from_secs(2);
 
 /// What this cluster may reach at one provider: a client with the identity the provider
 /// issued, and the tenant namespace that identity is confined to there.
@@ -81,6 +87,38 @@ impl ProviderClients {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(cluster);
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(cluster);
+    }
+
+    /// [`ProviderClients::access`], read again at most every two seconds: for the passes
+    /// over every pod of a virtual node, where a burst would otherwise read the same Secret
+    /// once per pod. A new identity is in use two seconds later at most.
+    pub async fn recent_access(
+        &self,
+        local: &kube::Client,
+        provider: &ClusterId,
+    ) -> Result<Option<Access>, Error> {
+        if let Some((at, access)) = self
+            .recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(provider.as_str())
+            && at.elapsed() < RECENT
+        {
+            return Ok(access.clone());
+        }
+        let access = self.access(local, provider).await?;
+        self.recent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(
+                provider.as_str().to_owned(),
+                (Instant::now(), access.clone()),
+            );
+        Ok(access)
     }
 
     /// The access to `provider` from its stored identity; `None` while there is none (not

@@ -97,6 +97,9 @@ async fn serve(
         .bookmark_interval(Duration::from_secs(60))
         .node_monitor_grace_period(Duration::from_secs(record.node_grace_seconds))
         .cluster_signing_duration(Duration::from_secs(record.cluster_signing_seconds))
+        // Node agents share the host's filesystem, so they mount these directories as is;
+        // `down` removes them with the rest of the cluster's state.
+        .volumes_dir(state.cluster_dir(&record.name).join("volumes"))
         .start()
         .await?;
     *cluster
@@ -110,7 +113,7 @@ async fn serve(
         .write()
         .unwrap_or_else(std::sync::PoisonError::into_inner) =
         Some(simkube::kubelet_proxy::pod_proxy(
-            simkube::kubelet_proxy::KubeletClient::default().with_dialer(kubelet_dialer(&plan)),
+            cluster.kubelet_client().with_dialer(kubelet_dialer(&plan)),
         ));
     tracing::info!(cluster = %record.name, api = %api_addr, host_port, "API server listening");
     let client = cluster.client();

@@ -84,6 +84,22 @@ fn a_cluster_comes_up_with_ready_nodes_and_goes_down_without_a_trace() {
         cidrs,
         ["10.244.1.0/24 10.244.1.0/24", "10.244.2.0/24 10.244.2.0/24"]
     );
+    // The default StorageClass, provisioned by the host-path provisioner.
+    let class = kubectl_ok(
+        &kubeconfig,
+        &[
+            "get",
+            "storageclass",
+            "standard",
+            "-o",
+            "jsonpath={.metadata.annotations.storageclass\\.kubernetes\\.io/is-default-class} \
+             {.provisioner} {.volumeBindingMode} {.reclaimPolicy}",
+        ],
+    );
+    assert_eq!(
+        class,
+        "true simkube.dev/host-path WaitForFirstConsumer Delete"
+    );
     let record = env.record(&name);
     let list = String::from_utf8_lossy(&env.simkube(&["cluster", "list"]).stdout).into_owned();
     assert!(

@@ -1,5 +1,5 @@
-//! The IO side of a pod's volumes: fetches the ConfigMaps, Secrets and ServiceAccount tokens
-//! they reference, writes them under `<pod dir>/volumes/<name>/` with the atomic writer, keeps
+//! The IO side of a pod's volumes: fetches the ConfigMaps, Secrets, ServiceAccount tokens and
+//! PersistentVolumeClaims (with their volumes) they reference, writes them under `<pod dir>/volumes/<name>/` with the atomic writer, keeps
 //! them current (a periodic resync, like the kubelet's), writes the pod's resolv.conf and hosts
 //! files, and turns a container's `volumeMounts` into bind mounts.
 
@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Container, PersistentVolume, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    Volume,
+};
 use kube::api::PostParams;
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
@@ -173,8 +176,9 @@ impl PodVolumes {
             mounts.push(Mount {
                 source,
                 target: PathBuf::from(&mount.mount_path),
-                // API-data volumes are always read-only, as in the kubelet.
-                read_only: mount.read_only == Some(true) || plan.is_files(),
+                // API-data volumes are always read-only, as in the kubelet; so is a claim
+                // the pod mounts `readOnly`.
+                read_only: mount.read_only == Some(true) || plan.read_only(),
             });
         }
         if state.etc.is_none() {
@@ -240,7 +244,7 @@ impl PodVolumes {
                 set_mode(&dir, 0o777).map_err(|e| format!("create emptyDir: {e}"))?;
                 dir
             }
-            Plan::HostPath { path, kind } => {
+            Plan::HostPath { path, kind } | Plan::Persistent { path, kind, .. } => {
                 check_host_path(path, kind)?;
                 path.clone()
             }
@@ -288,6 +292,28 @@ impl PodVolumes {
                 Ok(None) => {}
                 Err(e) => return Err(format!("cannot read secret {name:?}: {e}")),
             }
+        }
+        let claims: Api<PersistentVolumeClaim> = Api::namespaced(self.client.clone(), &namespace);
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        for name in refs.claims {
+            let claim = match claims.get_opt(&name).await {
+                Ok(Some(claim)) => claim,
+                Ok(None) => continue,
+                Err(e) => return Err(format!("cannot read persistentvolumeclaim {name:?}: {e}")),
+            };
+            let volume_name = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_name.clone())
+                .filter(|v| !v.is_empty());
+            let volume = match volume_name {
+                Some(v) => pvs
+                    .get_opt(&v)
+                    .await
+                    .map_err(|e| format!("cannot read persistentvolume {v:?}: {e}"))?,
+                None => None,
+            };
+            sources.claims.insert(name, (claim, volume));
         }
         for key in refs.tokens {
             if key.expiration_seconds < volumes::MIN_TOKEN_SECONDS {

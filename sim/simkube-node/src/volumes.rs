@@ -1,6 +1,7 @@
 //! Volume planning (pure): a pod's volume spec plus the data the agent fetched (ConfigMaps,
-//! Secrets, ServiceAccount tokens) become the files the kubelet would write, with their paths,
-//! contents and modes, or the host directory to bind (`emptyDir`, `hostPath`).
+//! Secrets, ServiceAccount tokens, claims and their volumes) become the files the kubelet would
+//! write, with their paths, contents and modes, or the host directory to bind (`emptyDir`,
+//! `hostPath`, and a `persistentVolumeClaim` bound to a `hostPath` or `local` volume).
 //!
 //! Messages follow the kubelet's, since users grep for them (`configmap "x" not found`,
 //! `configmap references non-existent config key: k`).
@@ -10,7 +11,8 @@ use std::fmt;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, Container, DownwardAPIVolumeFile, KeyToPath, Pod, SecretProjection, Volume,
+    ConfigMapProjection, Container, DownwardAPIVolumeFile, KeyToPath, PersistentVolume,
+    PersistentVolumeClaim, Pod, SecretProjection, Volume,
 };
 
 /// The mode of files whose volume sets no `defaultMode` (0644, the API default).
@@ -65,6 +67,8 @@ pub struct Sources {
     pub secrets: BTreeMap<String, ObjectData>,
     /// Tokens for the pod's ServiceAccount, by projection.
     pub tokens: BTreeMap<TokenKey, Token>,
+    /// Claim name → the claim and, when it names one that exists, its volume.
+    pub claims: BTreeMap<String, (PersistentVolumeClaim, Option<PersistentVolume>)>,
 }
 
 /// What the downward API reports for resources a container does not limit (the node's
@@ -86,6 +90,8 @@ pub struct References {
     pub secrets: Vec<String>,
     /// Tokens.
     pub tokens: Vec<TokenKey>,
+    /// PersistentVolumeClaim names.
+    pub claims: Vec<String>,
 }
 
 /// One file of a volume.
@@ -125,12 +131,31 @@ pub enum Plan {
         /// `spec.hostPath.type` (empty: no check).
         kind: String,
     },
+    /// A claim's volume: its host directory, bound as is (data outlives the pod).
+    Persistent {
+        /// The directory.
+        path: PathBuf,
+        /// The `hostPath.type` check to run (`DirectoryOrCreate` creates it).
+        kind: String,
+        /// `persistentVolumeClaim.readOnly`: every mount of it is read-only.
+        read_only: bool,
+    },
 }
 
 impl Plan {
     /// Whether the agent rewrites the volume on updates (API-data volumes).
     pub fn is_files(&self) -> bool {
         matches!(self, Self::Files(_))
+    }
+
+    /// Whether every mount of the volume is read-only whatever the `volumeMount` says
+    /// (API-data volumes, as in the kubelet, and claims mounted `readOnly`).
+    pub fn read_only(&self) -> bool {
+        match self {
+            Self::Files(_) => true,
+            Self::Persistent { read_only, .. } => *read_only,
+            Self::EmptyDir | Self::HostPath { .. } => false,
+        }
     }
 }
 
@@ -184,9 +209,41 @@ pub enum VolumeError {
     ShortToken(i64),
     /// A volume type simulated nodes cannot provide.
     #[error(
-        "volume type {0} is not supported by simulated nodes (supported: configMap, secret, downwardAPI, projected, emptyDir, hostPath)"
+        "volume type {0} is not supported by simulated nodes (supported: configMap, secret, downwardAPI, projected, emptyDir, hostPath, persistentVolumeClaim)"
     )]
     Unsupported(String),
+    /// The claim a volume names does not exist.
+    #[error("persistentvolumeclaim {0:?} not found")]
+    MissingClaim(String),
+    /// The claim is not bound yet (the kubelet's words).
+    #[error(
+        "PVC {namespace}/{name} has non-bound phase ({phase:?}) or empty pvc.Spec.VolumeName ({volume:?})"
+    )]
+    UnboundClaim {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim.
+        name: String,
+        /// Its phase.
+        phase: String,
+        /// Its `spec.volumeName`.
+        volume: String,
+    },
+    /// The claim's volume does not exist.
+    #[error("persistentvolume {0:?} not found")]
+    MissingVolume(String),
+    /// The claim's volume has a source simulated nodes cannot mount.
+    #[error(
+        "persistentvolume {volume:?} (claim {claim:?}) has a {source_kind} source, which simulated nodes cannot mount (supported: hostPath, local)"
+    )]
+    UnsupportedSource {
+        /// The volume.
+        volume: String,
+        /// The claim.
+        claim: String,
+        /// The source, e.g. `csi (driver "x")`.
+        source_kind: String,
+    },
 }
 
 /// The token a projection asks for.
@@ -222,6 +279,9 @@ pub fn references(volume: &Volume) -> References {
                 ));
             }
         }
+    }
+    if let Some(claim) = &volume.persistent_volume_claim {
+        refs.claims.push(claim.claim_name.clone());
     }
     refs.config_maps.dedup();
     refs.secrets.dedup();
@@ -343,6 +403,9 @@ pub fn plan(
     if volume.empty_dir.is_some() {
         return Ok(Plan::EmptyDir);
     }
+    if let Some(source) = &volume.persistent_volume_claim {
+        return claim_plan(&source.claim_name, source.read_only == Some(true), sources);
+    }
     if let Some(host) = &volume.host_path {
         return Ok(Plan::HostPath {
             path: PathBuf::from(&host.path),
@@ -350,6 +413,68 @@ pub fn plan(
         });
     }
     Err(VolumeError::Unsupported(volume_type(volume).to_owned()))
+}
+
+/// A claim's volume as the kubelet mounts it: the claim must be Bound and name an existing
+/// volume whose source is a host directory.
+fn claim_plan(name: &str, read_only: bool, sources: &Sources) -> Result<Plan, VolumeError> {
+    let (claim, volume) = sources
+        .claims
+        .get(name)
+        .ok_or_else(|| VolumeError::MissingClaim(name.to_owned()))?;
+    let phase = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.clone())
+        .unwrap_or_default();
+    let volume_name = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_name.clone())
+        .unwrap_or_default();
+    if phase != "Bound" || volume_name.is_empty() {
+        return Err(VolumeError::UnboundClaim {
+            namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+            name: name.to_owned(),
+            phase,
+            volume: volume_name,
+        });
+    }
+    let spec = volume
+        .as_ref()
+        .and_then(|v| v.spec.clone())
+        .ok_or_else(|| VolumeError::MissingVolume(volume_name.clone()))?;
+    if let Some(host) = spec.host_path {
+        return Ok(Plan::Persistent {
+            path: PathBuf::from(host.path),
+            kind: host.type_.unwrap_or_default(),
+            read_only,
+        });
+    }
+    if let Some(local) = spec.local {
+        // A local volume is a directory someone prepared on the node: it must exist.
+        return Ok(Plan::Persistent {
+            path: PathBuf::from(local.path),
+            kind: "Directory".into(),
+            read_only,
+        });
+    }
+    let source_kind = if let Some(csi) = &spec.csi {
+        format!("csi (driver {:?})", csi.driver)
+    } else if spec.nfs.is_some() {
+        "nfs".into()
+    } else if spec.iscsi.is_some() {
+        "iscsi".into()
+    } else if spec.fc.is_some() {
+        "fc".into()
+    } else {
+        "(unknown)".into()
+    };
+    Err(VolumeError::UnsupportedSource {
+        volume: volume_name,
+        claim: name.to_owned(),
+        source_kind,
+    })
 }
 
 fn volume_type(volume: &Volume) -> &'static str {
@@ -716,6 +841,7 @@ mod tests {
             serde_json::json!({"name": "v", "emptyDir": {"medium": "Memory"}}),
             serde_json::json!({"name": "v", "hostPath": {"path": "/var/log", "type": "Directory"}}),
             serde_json::json!({"name": "v", "persistentVolumeClaim": {"claimName": "data"}}),
+            serde_json::json!({"name": "v", "nfs": {"server": "nas", "path": "/x"}}),
         ];
         let out: String = cases
             .into_iter()
@@ -765,9 +891,78 @@ mod tests {
             --
             HostPath { path: "/var/log", kind: "Directory" }
             --
-            error: volume type persistentVolumeClaim is not supported by simulated nodes (supported: configMap, secret, downwardAPI, projected, emptyDir, hostPath)
+            error: persistentvolumeclaim "data" not found
+            --
+            error: volume type nfs is not supported by simulated nodes (supported: configMap, secret, downwardAPI, projected, emptyDir, hostPath, persistentVolumeClaim)
         "#]]
         .assert_eq(&out);
+    }
+
+    #[test]
+    fn claims_mount_their_volume_directory_or_say_why_not() {
+        let claim = |phase: &str, volume: &str| -> PersistentVolumeClaim {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "data", "namespace": "shop"},
+                "spec": {"volumeName": volume}, "status": {"phase": phase}}))
+            .expect("claim")
+        };
+        let pv = |source: serde_json::Value| -> PersistentVolume {
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "pv-1"}, "spec": source}),
+            )
+            .expect("volume")
+        };
+        let host =
+            serde_json::json!({"hostPath": {"path": "/vols/pv-1", "type": "DirectoryOrCreate"}});
+        let cases = [
+            (claim("Bound", "pv-1"), Some(pv(host.clone())), false),
+            (claim("Bound", "pv-1"), Some(pv(host)), true),
+            (
+                claim("Bound", "pv-1"),
+                Some(pv(serde_json::json!({"local": {"path": "/mnt/disk"}}))),
+                false,
+            ),
+            (
+                claim("Bound", "pv-1"),
+                Some(pv(
+                    serde_json::json!({"csi": {"driver": "tether.dev/remote", "volumeHandle": "h"}}),
+                )),
+                false,
+            ),
+            (claim("Bound", "pv-1"), None, false),
+            (claim("Pending", ""), None, false),
+        ];
+        let out: String = cases
+            .into_iter()
+            .map(|(claim, volume, read_only)| {
+                let mut sources = Sources::default();
+                sources.claims.insert("data".into(), (claim, volume));
+                let v = volume_of(read_only);
+                format!("{}\n", show_any(plan(&pod(), &v, &sources, &node())))
+            })
+            .collect();
+        expect_test::expect![[r#"
+            Persistent { path: "/vols/pv-1", kind: "DirectoryOrCreate", read_only: false }
+            Persistent { path: "/vols/pv-1", kind: "DirectoryOrCreate", read_only: true }
+            Persistent { path: "/mnt/disk", kind: "Directory", read_only: false }
+            error: persistentvolume "pv-1" (claim "data") has a csi (driver "tether.dev/remote") source, which simulated nodes cannot mount (supported: hostPath, local)
+            error: persistentvolume "pv-1" not found
+            error: PVC shop/data has non-bound phase ("Pending") or empty pvc.Spec.VolumeName ("")
+        "#]]
+        .assert_eq(&out);
+
+        fn volume_of(read_only: bool) -> Volume {
+            volume(
+                serde_json::json!({"name": "v", "persistentVolumeClaim": {"claimName": "data", "readOnly": read_only}}),
+            )
+        }
+        fn show_any(plan: Result<Plan, VolumeError>) -> String {
+            match plan {
+                Ok(plan) => format!("{plan:?}"),
+                Err(e) => format!("error: {e}"),
+            }
+        }
+        assert!(Plan::Files(Vec::new()).read_only() && !Plan::EmptyDir.read_only());
     }
 
     #[test]

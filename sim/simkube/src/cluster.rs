@@ -25,6 +25,7 @@ mod builder;
 mod startup;
 pub use builder::ClusterBuilder;
 use startup::*;
+pub use startup::{CLIENT_CA_CONFIGMAP, CLIENT_CA_KEY};
 
 /// How long open connections get to finish when the server stops.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
@@ -49,6 +50,9 @@ pub enum Error {
     /// The admin client could not be built.
     #[error("admin client")]
     Client(#[source] kube::Error),
+    /// The client that calls kubelets could not be built.
+    #[error("kubelet client")]
+    KubeletClient(#[from] crate::kubelet_proxy::KubeletClientError),
 }
 
 /// Something started with the cluster once it listens, stopped by the token at shutdown.
@@ -68,6 +72,7 @@ pub struct Cluster {
     addr: SocketAddr,
     state: Arc<ServerState>,
     ca: Option<Arc<CertAuthority>>,
+    kubelet_client: crate::kubelet_proxy::KubeletClient,
     tls_config: Option<Arc<rustls::ServerConfig>>,
     admin_token: SecretToken,
     advertise: SocketAddr,
@@ -189,6 +194,15 @@ impl Cluster {
         self.ca.clone()
     }
 
+    /// The client the default pod proxy calls kubelets with: with TLS on it presents the
+    /// cluster's kubelet client certificate
+    /// ([`crate::kubelet_proxy::KUBELET_CLIENT_USER`]), as kube-apiserver's
+    /// `--kubelet-client-certificate`. A proxy installed in `ServerState::pod_proxy` with
+    /// another dialer starts from it.
+    pub fn kubelet_client(&self) -> crate::kubelet_proxy::KubeletClient {
+        self.kubelet_client.clone()
+    }
+
     /// Shared server state (store, registry, hooks) for in-crate extensions.
     pub fn state(&self) -> &Arc<ServerState> {
         &self.state
@@ -298,7 +312,7 @@ impl Cluster {
         if !keep_state {
             self.state.store.reset();
             self.state.set_registry(Registry::with_builtins());
-            seed(&self.state, self.advertise);
+            seed(&self.state, self.advertise, self.ca.as_deref());
         }
         let mut attempt = 0;
         let listener = loop {

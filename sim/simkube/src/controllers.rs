@@ -1,6 +1,6 @@
 //! "Controller-manager lite": the kube-controller-manager loops a simulated cluster needs to
 //! behave like a real one (namespace cleanup, garbage collection, default service accounts,
-//! CSR signing).
+//! CSR signing, persistent volumes).
 //!
 //! Every controller talks to the cluster only through the public API with a kube-rs [`Client`],
 //! exactly as kube-controller-manager does. So they dogfood the server and also run unchanged
@@ -13,6 +13,7 @@ pub mod gc;
 pub mod loadbalancer;
 pub mod namespace;
 pub mod node_lifecycle;
+pub mod persistent_volumes;
 pub mod scheduler;
 pub mod service_accounts;
 pub mod taint_eviction;
@@ -63,6 +64,9 @@ pub struct Controllers {
     /// Deletes pods from nodes with `NoExecute` taints they do not tolerate (or once their
     /// `tolerationSeconds` ran out).
     pub taint_eviction: bool,
+    /// Binds PersistentVolumeClaims and PersistentVolumes, provisions host-path volumes and
+    /// releases (and deletes) volumes whose claim is gone.
+    pub persistent_volumes: bool,
 }
 
 impl Controllers {
@@ -79,6 +83,7 @@ impl Controllers {
             node_lifecycle: true,
             load_balancer: true,
             taint_eviction: true,
+            persistent_volumes: true,
         }
     }
 
@@ -99,6 +104,7 @@ impl Controllers {
             || self.node_lifecycle
             || self.load_balancer
             || self.taint_eviction
+            || self.persistent_volumes
     }
 }
 
@@ -112,6 +118,9 @@ pub struct ControllerSettings {
     /// The longest certificate the CSR signer issues (kube-controller-manager's
     /// `--cluster-signing-duration`).
     pub cluster_signing_duration: Duration,
+    /// Where the persistent-volume controller provisions host-path volumes (one directory per
+    /// volume). It must be visible at the same path to every node agent.
+    pub volumes_dir: std::path::PathBuf,
 }
 
 impl Default for ControllerSettings {
@@ -120,6 +129,7 @@ impl Default for ControllerSettings {
             node_monitor_grace_period: node_lifecycle::DEFAULT_GRACE,
             load_balancer_pool: Vec::new(),
             cluster_signing_duration: crate::tls::DEFAULT_SIGNING_DURATION,
+            volumes_dir: std::env::temp_dir().join("simkube-volumes"),
         }
     }
 }
@@ -180,6 +190,13 @@ pub fn spawn(
         tasks.push(tokio::spawn(loadbalancer::run(
             client.clone(),
             settings.load_balancer_pool.clone(),
+            shutdown.clone(),
+        )));
+    }
+    if controllers.persistent_volumes {
+        tasks.push(tokio::spawn(persistent_volumes::run(
+            client.clone(),
+            settings.volumes_dir.clone(),
             shutdown.clone(),
         )));
     }

@@ -67,6 +67,38 @@ pub use transport::{
 /// The kubelet port when a Node does not report one.
 pub const DEFAULT_KUBELET_PORT: u16 = 10250;
 
+/// The user of the client certificate kube-apiserver presents to kubelets (kubeadm's
+/// `apiserver-kubelet-client.crt`).
+pub const KUBELET_CLIENT_USER: &str = "kube-apiserver-kubelet-client";
+/// Its group, as kubeadm before 1.29 issued it (later ones use `kubeadm:cluster-admins`,
+/// bound to `cluster-admin`: a kubelet's SubjectAccessReview allows both alike).
+pub const KUBELET_CLIENT_GROUP: &str = "system:masters";
+/// Its lifetime, kubeadm's one year.
+const KUBELET_CLIENT_VALIDITY: std::time::Duration =
+    std::time::Duration::from_secs(365 * 24 * 3600);
+
+impl KubeletClient {
+    /// A client presenting a certificate signed by `ca` for [`KUBELET_CLIENT_USER`] in
+    /// [`KUBELET_CLIENT_GROUP`], as kube-apiserver's `--kubelet-client-certificate`, and not
+    /// verifying kubelets (no `--kubelet-certificate-authority`).
+    pub fn with_client_certificate_from(
+        ca: &crate::tls::CertAuthority,
+    ) -> Result<Self, KubeletClientError> {
+        let (cert, key) = ca
+            .issue_client_cert(
+                KUBELET_CLIENT_USER,
+                &[KUBELET_CLIENT_GROUP.to_owned()],
+                KUBELET_CLIENT_VALIDITY,
+            )
+            .map_err(|e| KubeletClientError::Config(format!("kubelet client certificate: {e}")))?;
+        Self::new(&KubeletClientConfig {
+            client_cert_pem: Some(cert),
+            client_key_pem: Some(RedactedPem(key.into())),
+            ..KubeletClientConfig::default()
+        })
+    }
+}
+
 /// Node address types in the order they are preferred.
 pub const PREFERRED_ADDRESS_TYPES: [&str; 5] = [
     "InternalIP",

@@ -667,8 +667,39 @@ pub fn default_object(rt: &ResourceType, obj: &mut Value) {
             set_default(spec, "replicas", json!(1));
             default_pod_template(spec);
         }
+        // `SetDefaults_PersistentVolumeClaim`, `SetDefaults_PersistentVolume` and the
+        // StorageClass defaults: what `kubectl get` shows of a new object before any
+        // controller touched it.
+        ("", "persistentvolumeclaims") => {
+            if obj["spec"].is_object() {
+                set_default(&mut obj["spec"], "volumeMode", json!("Filesystem"));
+            }
+            default_status_phase(obj, "Pending");
+        }
+        ("", "persistentvolumes") => {
+            if obj["spec"].is_object() {
+                set_default(
+                    &mut obj["spec"],
+                    "persistentVolumeReclaimPolicy",
+                    json!("Retain"),
+                );
+                set_default(&mut obj["spec"], "volumeMode", json!("Filesystem"));
+            }
+            default_status_phase(obj, "Pending");
+        }
+        ("storage.k8s.io", "storageclasses") => {
+            set_default(obj, "reclaimPolicy", json!("Delete"));
+            set_default(obj, "volumeBindingMode", json!("Immediate"));
+        }
         _ => {}
     }
+}
+
+fn default_status_phase(obj: &mut Value, phase: &str) {
+    if !obj["status"].is_object() {
+        obj["status"] = json!({});
+    }
+    set_default(&mut obj["status"], "phase", json!(phase));
 }
 
 /// As kube-apiserver defaults it field by field, so `strategy: {}` (what kubectl's protobuf body

@@ -427,6 +427,37 @@ impl Sim {
     /// A copy of the kubeconfig this cluster holds for `provider`, with its server switched to
     /// one reachable from the host (the provider's admin kubeconfig's), so a test can act as
     /// the issued identity.
+    /// Peers this cluster with `provider` for 1 CPU, 1Gi and 10 pods, then offloads namespace
+    /// `ns` (created here) with the `Remote` strategy: the set-up of the suites that need one
+    /// offloaded namespace and nothing special about the peering.
+    pub fn peer_and_offload_remote(&self, provider: &Sim, ns: &str) {
+        self.tether(&[
+            "peer",
+            "--remote-kubeconfig",
+            provider.kubeconfig(),
+            "--cpu",
+            "1",
+            "--memory",
+            "1Gi",
+            "--pods",
+            "10",
+            "--timeout",
+            "4m",
+        ])
+        .ok();
+        self.kubectl(&["create", "namespace", ns]).ok();
+        self.tether(&[
+            "offload",
+            "namespace",
+            ns,
+            "--pod-offloading-strategy",
+            "Remote",
+            "--timeout",
+            "90s",
+        ])
+        .ok();
+    }
+
     pub fn issued_kubeconfig(&self, provider: &Sim, provider_id: &str, out: &Path) {
         let b64 = self.jsonpath(
             &[

@@ -7,6 +7,11 @@
 //! when its address is refused later, so a peer's configuration that names it never points
 //! at another address. Claims are taken in creation order, so when two objects ask for the
 //! same address the older one keeps it.
+//!
+//! `spec.ip` is immutable once published, as upstream immutable fields are (the CRD says so
+//! with a CEL rule, which API servers that do not evaluate CEL skip): a changed `spec.ip` is
+//! refused and the host keeps standing for the address it was given for, because peers may
+//! be talking to it, until the object is deleted and created again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -38,6 +43,8 @@ pub struct Claim {
     pub ip: String,
     /// `status.ip` and `status.cidr`, when both are set.
     pub assigned: Option<(Ipv4Addr, Ipv4Net)>,
+    /// `status.localIP`: the address the assigned host was published for.
+    pub served: Option<String>,
     /// `metadata.creationTimestamp` as written (RFC 3339 sorts as text); the older claim wins.
     pub created: String,
 }
@@ -51,6 +58,20 @@ pub enum Decision {
         external: Ipv4Addr,
         /// The external CIDR.
         cidr: Ipv4Net,
+        /// The local address it stands for (`spec.ip`).
+        local: Ipv4Addr,
+    },
+    /// `spec.ip` changed after the host was published: the host stays published for the
+    /// address it was given for, and the change is refused.
+    Changed {
+        /// The host of the external CIDR.
+        external: Ipv4Addr,
+        /// The external CIDR.
+        cidr: Ipv4Net,
+        /// The address it still stands for.
+        local: Ipv4Addr,
+        /// What is wrong and what to do.
+        message: String,
     },
     /// Not published.
     Refused {
@@ -111,7 +132,12 @@ pub fn decide(networks: &Networks, claims: &[Claim]) -> BTreeMap<String, Decisio
             message,
             keep,
         };
-        let decision = match check(networks, cidr, &c.ip) {
+        // Only a host still held stands for an address; without one a new spec.ip is free.
+        let served: Option<Ipv4Addr> = keep
+            .and(c.served.as_deref())
+            .and_then(|s| s.trim().parse().ok());
+        let address = served.map_or_else(|| c.ip.clone(), |s| s.to_string());
+        let decision = match check(networks, cidr, &address) {
             Err((reason, message)) => refuse(reason, message),
             Ok(real) => match owners.get(&real) {
                 Some(owner) => refuse(
@@ -130,7 +156,20 @@ pub fn decide(networks: &Networks, claims: &[Claim]) -> BTreeMap<String, Decisio
                         Some(external) => {
                             taken.insert(external);
                             owners.insert(real, &c.key);
-                            Decision::Published { external, cidr }
+                            if c.ip.trim().parse::<Ipv4Addr>().ok() == Some(real) {
+                                Decision::Published {
+                                    external,
+                                    cidr,
+                                    local: real,
+                                }
+                            } else {
+                                Decision::Changed {
+                                    external,
+                                    cidr,
+                                    local: real,
+                                    message: changed_message(real, &c.ip, external, &c.key),
+                                }
+                            }
                         }
                         None => refuse(
                             "ExternalCIDRFull",
@@ -222,6 +261,17 @@ fn check(
     Ok(ip)
 }
 
+/// The `Ready` message of an IP whose `spec.ip` changed from `local` to `wanted`.
+fn changed_message(local: Ipv4Addr, wanted: &str, external: Ipv4Addr, key: &str) -> String {
+    let (ns, name) = key.split_once('/').unwrap_or(("", key));
+    format!(
+        "spec.ip is immutable: it was {local} when {external} was published for it, and {local} \
+         stays published until this IP is deleted; to publish {wanted:?} instead, delete this IP \
+         and create it again (`kubectl delete ip {name} -n {ns}`, then apply it with the new \
+         spec.ip), or create another IP for it"
+    )
+}
+
 /// The `Ready` message of a published IP.
 pub fn published_message(real: &str, external: Ipv4Addr, cidr: Ipv4Net) -> String {
     let host = u32::from(external) - u32::from(cidr.network());
@@ -232,19 +282,19 @@ pub fn published_message(real: &str, external: Ipv4Addr, cidr: Ipv4Net) -> Strin
     )
 }
 
-/// One IP object as the published list reads it: its key, `spec.ip`, `status.ip`,
-/// `status.cidr`, and whether its `Ready` condition is True.
+/// One IP object as the published list reads it: its key, the local address its host stands
+/// for, `status.ip`, `status.cidr`, and whether it is published.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assigned {
     /// `namespace/name`.
     pub key: String,
-    /// `spec.ip`.
+    /// `status.localIP`, else `spec.ip` (statuses written before `localIP` existed).
     pub ip: String,
     /// `status.ip`.
     pub external: Option<String>,
     /// `status.cidr`.
     pub cidr: Option<String>,
-    /// `Ready` is True.
+    /// `Ready` is True, or False only because `spec.ip` changed.
     pub ready: bool,
 }
 
@@ -303,6 +353,7 @@ mod tests {
             key: key.to_owned(),
             ip: ip.to_owned(),
             assigned: None,
+            served: None,
             created: created.to_owned(),
         }
     }
@@ -310,7 +361,17 @@ mod tests {
     fn show(d: &BTreeMap<String, Decision>) -> String {
         d.iter()
             .map(|(k, d)| match d {
-                Decision::Published { external, cidr } => format!("{k}: {external} of {cidr}\n"),
+                Decision::Published {
+                    external,
+                    cidr,
+                    local,
+                } => format!("{k}: {external} of {cidr} for {local}\n"),
+                Decision::Changed {
+                    external,
+                    cidr,
+                    local,
+                    message,
+                } => format!("{k}: still {external} of {cidr} for {local}: {message}\n"),
                 Decision::Refused {
                     reason,
                     message,
@@ -336,8 +397,8 @@ mod tests {
             claim("c/again", "192.168.1.10", "2026-01-01T00:00:08Z"),
         ];
         expect![[r#"
-            a/first: 10.70.0.3 of 10.70.0.0/16
-            a/second: 10.70.0.4 of 10.70.0.0/16
+            a/first: 10.70.0.3 of 10.70.0.0/16 for 192.168.1.10
+            a/second: 10.70.0.4 of 10.70.0.0/16 for 198.18.0.11
             b/ext: InsideExternalCIDR (keeps nothing): spec.ip 10.70.0.9 is inside the external CIDR 10.70.0.0/16, whose hosts stand for published addresses: set spec.ip to the real address
             b/loop: InvalidAddress (keeps nothing): spec.ip 127.0.0.1 is not a unicast address another host can reach: set it to the address to publish
             b/pod: InsidePodCIDR (keeps nothing): spec.ip 10.244.3.4 is inside this cluster's pod CIDR 10.244.0.0/16: peers reach pods directly through the tunnel, so delete this IP, or set spec.ip to an address outside the cluster's CIDRs
@@ -362,10 +423,10 @@ mod tests {
         let new = claim("a/new", "192.168.1.13", "2026-01-01T00:00:04Z");
         let first = decide(&networks("10.70.0.0/16"), &[new, api, copy, old]);
         expect![[r#"
-            a/api: 10.70.0.4 of 10.70.0.0/16
-            a/copy: 10.70.0.3 of 10.70.0.0/16
-            a/new: 10.70.0.5 of 10.70.0.0/16
-            a/old: 10.70.0.7 of 10.70.0.0/16
+            a/api: 10.70.0.4 of 10.70.0.0/16 for 192.168.1.12
+            a/copy: 10.70.0.3 of 10.70.0.0/16 for 192.168.1.11
+            a/new: 10.70.0.5 of 10.70.0.0/16 for 192.168.1.13
+            a/old: 10.70.0.7 of 10.70.0.0/16 for 192.168.1.10
         "#]]
         .assert_eq(&show(&first));
         // Later, its address refused: it keeps the host, and no new IP gets it.
@@ -385,7 +446,9 @@ mod tests {
         let hosts: Vec<String> = d
             .values()
             .filter_map(|d| match d {
-                Decision::Published { external, .. } => Some(external.to_string()),
+                Decision::Published { external, .. } | Decision::Changed { external, .. } => {
+                    Some(external.to_string())
+                }
                 Decision::Refused { keep, .. } => keep.map(|(a, _)| format!("kept {a}")),
             })
             .collect();
@@ -416,10 +479,10 @@ mod tests {
             .collect();
         let d = decide(&networks("10.70.0.0/29"), &claims);
         expect![[r#"
-            n/ip1: 10.70.0.3 of 10.70.0.0/29
-            n/ip2: 10.70.0.4 of 10.70.0.0/29
-            n/ip3: 10.70.0.5 of 10.70.0.0/29
-            n/ip4: 10.70.0.6 of 10.70.0.0/29
+            n/ip1: 10.70.0.3 of 10.70.0.0/29 for 192.168.9.1
+            n/ip2: 10.70.0.4 of 10.70.0.0/29 for 192.168.9.2
+            n/ip3: 10.70.0.5 of 10.70.0.0/29 for 192.168.9.3
+            n/ip4: 10.70.0.6 of 10.70.0.0/29 for 192.168.9.4
             n/ip5: ExternalCIDRFull (keeps nothing): every host of the external CIDR 10.70.0.0/29 is taken (4 IPs hold one; hosts 1 and 2 are the control plane's): delete IPs that are no longer needed, or reinstall with a larger `tether install --external-cidr`
         "#]]
         .assert_eq(&show(&d));
@@ -427,7 +490,10 @@ mod tests {
         let mut moved = claim("n/ip1", "192.168.9.1", "2026-01-01T00:00:01Z");
         moved.assigned = Some(("10.70.0.3".parse().expect("addr"), net("10.70.0.0/29")));
         let d = decide(&networks("10.77.0.0/24"), &[moved]);
-        assert_eq!(show(&d), "n/ip1: 10.77.0.3 of 10.77.0.0/24\n");
+        assert_eq!(
+            show(&d),
+            "n/ip1: 10.77.0.3 of 10.77.0.0/24 for 192.168.9.1\n"
+        );
         let none = Networks {
             external: None,
             ..networks("10.70.0.0/16")
@@ -436,6 +502,51 @@ mod tests {
         assert!(
             d.contains("NoExternalCIDR") && d.contains("tether install --external-cidr"),
             "{d}"
+        );
+    }
+
+    #[test]
+    fn a_changed_address_is_refused_and_the_host_keeps_standing_for_the_old_one() {
+        let cidr = net("10.70.0.0/16");
+        let host = "10.70.0.7".parse().expect("addr");
+        let mut moved = claim("a/db", "192.168.1.20", "2026-01-01T00:00:01Z");
+        moved.assigned = Some((host, cidr));
+        moved.served = Some("192.168.1.10".to_owned());
+        // The new address is free for another object, which gets its own host.
+        let other = claim("a/other", "192.168.1.20", "2026-01-01T00:00:02Z");
+        // The old address stays taken: another object asking for it is refused.
+        let thief = claim("a/thief", "192.168.1.10", "2026-01-01T00:00:03Z");
+        let d = decide(&networks("10.70.0.0/16"), &[moved.clone(), other, thief]);
+        expect![[r#"
+            a/db: still 10.70.0.7 of 10.70.0.0/16 for 192.168.1.10: spec.ip is immutable: it was 192.168.1.10 when 10.70.0.7 was published for it, and 192.168.1.10 stays published until this IP is deleted; to publish "192.168.1.20" instead, delete this IP and create it again (`kubectl delete ip db -n a`, then apply it with the new spec.ip), or create another IP for it
+            a/other: 10.70.0.3 of 10.70.0.0/16 for 192.168.1.20
+            a/thief: AlreadyPublished (keeps nothing): 192.168.1.10 is already published by IP a/db: use that one and delete this IP
+        "#]]
+        .assert_eq(&show(&d));
+        // Changed back, it is published again as before; the same text written differently
+        // is no change.
+        for same in ["192.168.1.10", " 192.168.1.10"] {
+            let mut back = moved.clone();
+            back.ip = same.to_owned();
+            let d = decide(&networks("10.70.0.0/16"), &[back]);
+            assert_eq!(
+                show(&d),
+                "a/db: 10.70.0.7 of 10.70.0.0/16 for 192.168.1.10\n"
+            );
+        }
+        // A host lost with its external CIDR stands for nothing: the new address is taken.
+        let d = decide(&networks("10.77.0.0/24"), &[moved.clone()]);
+        assert_eq!(
+            show(&d),
+            "a/db: 10.77.0.3 of 10.77.0.0/24 for 192.168.1.20\n"
+        );
+        // A status without localIP (written before it existed) serves spec.ip.
+        let mut legacy = moved;
+        legacy.served = None;
+        let d = decide(&networks("10.70.0.0/16"), &[legacy]);
+        assert_eq!(
+            show(&d),
+            "a/db: 10.70.0.7 of 10.70.0.0/16 for 192.168.1.20\n"
         );
     }
 

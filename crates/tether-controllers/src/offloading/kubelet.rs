@@ -14,11 +14,13 @@
 //! second implementation of those protocols here. This is how kube-apiserver itself proxies
 //! these subresources to a kubelet.
 //!
-//! Authorisation: like the simulated kubelet (and a kubelet without
-//! `--client-ca-file`), the endpoint asks for no client certificate; what it can reach is
-//! bounded by the tenant identity each provider issued, and only pods bound to one of this
-//! cluster's virtual nodes are served (404 otherwise). Verifying the API server's kubelet
-//! client certificate against the cluster CA is a later improvement.
+//! Callers are checked as a kubelet with `--client-ca-file` and webhook authorisation checks
+//! them ([`callers`]): a client certificate from the cluster's client CA (401 otherwise), whose
+//! user a SubjectAccessReview allows `nodes/proxy` on the pod's node (403 otherwise); in
+//! practice only the API server, with its `--kubelet-client-certificate`. Beyond that, what a
+//! request can reach is bounded by the tenant identity each provider issued, and only pods
+//! bound to one of this cluster's virtual nodes are served (404 otherwise). `/healthz` answers
+//! anyone, like the kubelet's healthz port.
 //!
 //! Serving certificate: self-signed, made at start. kube-apiserver does not verify kubelet
 //! certificates unless `--kubelet-certificate-authority` is set; a certificate signed through
@@ -26,6 +28,8 @@
 
 // Handlers' helpers return the finished error `Response` by value.
 #![allow(clippy::result_large_err)]
+
+pub mod callers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -43,8 +47,10 @@ use tether_api::ClusterId;
 use tether_api::offloading::VirtualNode;
 use tokio_util::sync::CancellationToken;
 
+use self::callers::{Caller, ClientCa, RequestClientCert, Verdict};
 use crate::Error;
 use crate::context::Ctx;
+use crate::https::PeerCertificates;
 use crate::providers::ProviderClients;
 
 /// The header SPDY upgrades name their sub-protocol in (`portforward.k8s.io`, ...).
@@ -286,6 +292,7 @@ fn copy_headers(names: &[HeaderName], from: &HeaderMap, to: &mut HeaderMap) {
 struct Kubelet {
     ctx: Arc<Ctx>,
     providers: Arc<ProviderClients>,
+    client_ca: Arc<ClientCa>,
 }
 
 /// An answer that is not the provider's.
@@ -310,7 +317,7 @@ impl Refusal {
 }
 
 /// A TLS configuration with a fresh self-signed certificate for `ip` (HTTP/1.1 only: the
-/// upgrades need it).
+/// upgrades need it), asking callers for a client certificate.
 pub fn tls_config(ip: Option<&str>) -> Result<rustls::ServerConfig, Error> {
     let mut names = vec!["tether-virtual-kubelet".to_owned()];
     names.extend(ip.map(str::to_owned));
@@ -320,7 +327,7 @@ pub fn tls_config(ip: Option<&str>) -> Result<rustls::ServerConfig, Error> {
     let mut config = rustls::ServerConfig::builder_with_provider(crate::auth::tls::provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::Invalid(format!("TLS versions: {e}")))?
-        .with_no_client_auth()
+        .with_client_cert_verifier(Arc::new(RequestClientCert::default()))
         .with_single_cert(vec![certified.cert.der().clone()], key)
         .map_err(|e| Error::Invalid(format!("the kubelet certificate is unusable: {e}")))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -328,23 +335,64 @@ pub fn tls_config(ip: Option<&str>) -> Result<rustls::ServerConfig, Error> {
 }
 
 /// Binds `addr` and returns the bound address and the serving future, which runs until
-/// `shutdown`.
+/// `shutdown` and keeps the client CA read from the cluster meanwhile.
 pub async fn serve(
     ctx: Arc<Ctx>,
     providers: Arc<ProviderClients>,
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), Error> {
+    let client_ca = Arc::new(ClientCa::default());
+    // Read once before serving, so the first calls are not refused for want of it.
+    if let Err(e) = client_ca.load(&ctx.client).await {
+        tracing::warn!(error = %e, "virtual kubelet API: cannot read the client CA yet");
+    }
+    let loader = client_ca
+        .clone()
+        .keep_loaded(ctx.client.clone(), shutdown.clone());
     let tls = tls_config(ctx.settings.pod_ip.as_deref())?;
     let app = Router::new()
         .route("/healthz", axum::routing::get(|| async { "ok" }))
         .fallback(handle)
-        .with_state(Arc::new(Kubelet { ctx, providers }));
-    crate::https::serve("the virtual kubelet API", addr, tls, app, shutdown).await
+        .with_state(Arc::new(Kubelet {
+            ctx,
+            providers,
+            client_ca,
+        }));
+    let (bound, server) =
+        crate::https::serve("the virtual kubelet API", addr, tls, app, shutdown).await?;
+    Ok((bound, async move {
+        tokio::join!(server, loader);
+    }))
+}
+
+/// The caller of `request`, or the kubelet's 401.
+fn authenticate(kubelet: &Kubelet, request: &http::Request<Body>) -> Result<Caller, Refusal> {
+    let chain = request
+        .extensions()
+        .get::<PeerCertificates>()
+        .map(|c| c.0.as_slice());
+    kubelet.client_ca.authenticate(chain).map_err(|why| {
+        tracing::debug!(%why, "kubelet request unauthenticated");
+        Refusal::new(StatusCode::UNAUTHORIZED, "unauthorized", "Unauthorized")
+    })
 }
 
 async fn handle(State(kubelet): State<Arc<Kubelet>>, request: http::Request<Body>) -> Response {
     let started = Instant::now();
+    // Authentication comes first, as in the kubelet: an unknown caller learns nothing.
+    let caller = match authenticate(&kubelet, &request) {
+        Ok(c) => c,
+        Err(refusal) => {
+            if let Some(target) = parse_path(request.uri().path()) {
+                kubelet
+                    .ctx
+                    .metrics
+                    .kubelet_request(target.operation.as_str(), refusal.outcome);
+            }
+            return text(refusal.status, refusal.message);
+        }
+    };
     let Some(target) = parse_path(request.uri().path()) else {
         return text(
             StatusCode::NOT_FOUND,
@@ -356,7 +404,7 @@ async fn handle(State(kubelet): State<Arc<Kubelet>>, request: http::Request<Body
         );
     };
     let operation = target.operation;
-    let (outcome, response) = match forward(&kubelet, &target, request).await {
+    let (outcome, response) = match forward(&kubelet, &caller, &target, request).await {
         Ok((outcome, response)) => (outcome, response),
         Err(refusal) => {
             tracing::debug!(operation = operation.as_str(), pod = %format!("{}/{}", target.namespace, target.pod), status = %refusal.status, message = %refusal.message, "kubelet request refused");
@@ -375,24 +423,64 @@ fn text(status: StatusCode, message: String) -> Response {
     (status, [(header::CONTENT_TYPE, "text/plain")], message).into_response()
 }
 
-/// The provider and twin namespace serving `target`'s pod, if it is bound to one of this
-/// cluster's virtual nodes.
-async fn locate(kubelet: &Kubelet, target: &Target) -> Result<(kube::Client, String), Refusal> {
-    let client = &kubelet.ctx.client;
+/// The pod `target` names, read here, or none.
+async fn read_pod(kubelet: &Kubelet, target: &Target) -> Result<Option<Pod>, Refusal> {
     let ns = &target.namespace;
-    let pod = Api::<Pod>::namespaced(client.clone(), ns)
+    Api::<Pod>::namespaced(kubelet.ctx.client.clone(), ns)
         .get_opt(&target.pod)
         .await
-        .map_err(|e| {
-            Refusal::internal(&Error::kube(format!("reading pod {ns}/{}", target.pod))(e))
-        })?
-        .ok_or_else(|| {
-            Refusal::new(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                format!("pod {ns}/{} not found", target.pod),
-            )
-        })?;
+        .map_err(|e| Refusal::internal(&Error::kube(format!("reading pod {ns}/{}", target.pod))(e)))
+}
+
+/// Whether `caller` may `method` on `nodes/proxy` of the node `pod` is bound to (a pod not
+/// bound, or not found, is checked on the nameless node, as nothing is revealed before).
+async fn authorize(
+    kubelet: &Kubelet,
+    caller: &Caller,
+    method: &http::Method,
+    pod: Option<&Pod>,
+) -> Result<(), Refusal> {
+    let node = pod
+        .and_then(|p| p.spec.as_ref())
+        .and_then(|s| s.node_name.as_deref())
+        .unwrap_or_default();
+    let verb = callers::verb(method);
+    match callers::authorize(&kubelet.ctx.client, caller, verb, node).await {
+        Ok(Verdict::Allowed) => Ok(()),
+        Ok(Verdict::Forbidden(message)) => {
+            Err(Refusal::new(StatusCode::FORBIDDEN, "forbidden", message))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, user = %caller.user, "kubelet request: authorisation failed");
+            Err(Refusal::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "error",
+                format!(
+                    "Authorization error (user={}, verb={verb}, resource=nodes, \
+                     subresource(s)=[proxy])",
+                    caller.user
+                ),
+            ))
+        }
+    }
+}
+
+/// The provider and twin namespace serving `target`'s pod, if it is bound to one of this
+/// cluster's virtual nodes.
+async fn locate(
+    kubelet: &Kubelet,
+    target: &Target,
+    pod: Option<Pod>,
+) -> Result<(kube::Client, String), Refusal> {
+    let client = &kubelet.ctx.client;
+    let ns = &target.namespace;
+    let pod = pod.ok_or_else(|| {
+        Refusal::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("pod {ns}/{} not found", target.pod),
+        )
+    })?;
     let not_ours = || {
         Refusal::new(
             StatusCode::NOT_FOUND,
@@ -441,14 +529,17 @@ async fn locate(kubelet: &Kubelet, target: &Target) -> Result<(kube::Client, Str
 
 async fn forward(
     kubelet: &Kubelet,
+    caller: &Caller,
     target: &Target,
     request: http::Request<Body>,
 ) -> Result<(&'static str, Response), Refusal> {
+    let pod = read_pod(kubelet, target).await?;
+    authorize(kubelet, caller, request.method(), pod.as_ref()).await?;
     let query = request.uri().query().unwrap_or_default().to_owned();
-    // Bad parameters are refused before anything is looked up.
+    // Bad parameters are refused before the provider is looked up.
     provider_request(target, "-", &query)
         .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", m))?;
-    let (client, twin) = locate(kubelet, target).await?;
+    let (client, twin) = locate(kubelet, target, pod).await?;
     let outgoing = provider_request(target, &twin, &query)
         .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", m))?;
     match target.operation {

@@ -260,7 +260,7 @@ async fn request_twin(
                 cond(
                     Status::False,
                     "Unreachable",
-                    format!("no identity issued by {provider}"),
+                    "no identity issued by this provider yet (is it peered?)".to_owned(),
                 ),
                 None,
             );
@@ -301,7 +301,7 @@ async fn request_twin(
                 cond(
                     Status::False,
                     "Unreachable",
-                    format!("asking {provider} for a twin namespace: {e}"),
+                    format!("asking for a twin namespace: {e}"),
                 ),
                 None,
             );
@@ -311,33 +311,34 @@ async fn request_twin(
                 cond(
                     Status::False,
                     "Unreachable",
-                    format!("{provider} did not answer within 5 s"),
+                    "no answer within 5 s".to_owned(),
                 ),
                 None,
             );
         }
     };
     let st = answered.status.unwrap_or_default();
-    let name = st.remote_namespace_name.clone();
-    match conditions::find(&st.conditions, types::READY) {
+    let (status, reason, message) = provider_answer(conditions::find(&st.conditions, types::READY));
+    (cond(status, reason, message), st.remote_namespace_name)
+}
+
+/// The condition to keep for a provider from the Ready condition of its answer. Per-provider
+/// messages never name the provider: they are filed under its name, and whoever shows them
+/// (the CLI, `kubectl get -o yaml`) names it once.
+fn provider_answer(ready: Option<&Condition>) -> (Status, &str, String) {
+    match ready {
         Some(c) => {
             let status = match c.status.as_str() {
                 "True" => Status::True,
                 "False" => Status::False,
                 _ => Status::Unknown,
             };
-            (
-                cond(status, &c.reason, format!("{provider}: {}", c.message)),
-                name,
-            )
+            (status, &c.reason, c.message.clone())
         }
         None => (
-            cond(
-                Status::Unknown,
-                "Pending",
-                format!("waiting for {provider} to make the twin namespace"),
-            ),
-            name,
+            Status::Unknown,
+            "Pending",
+            "waiting for the provider to make the twin namespace".to_owned(),
         ),
     }
 }
@@ -530,6 +531,21 @@ mod tests {
             observed_generation: None,
             last_transition_time: now(),
         }]
+    }
+
+    #[test]
+    fn a_providers_answer_is_kept_without_naming_the_provider_again() {
+        let mut refused = cond("False", "NamespaceTaken").remove(0);
+        refused.message = "namespace shop already exists on this cluster".to_owned();
+        let (s, reason, message) = provider_answer(Some(&refused));
+        assert_eq!((s, reason), (Status::False, "NamespaceTaken"));
+        assert_eq!(message, "namespace shop already exists on this cluster");
+        let (s, reason, message) = provider_answer(None);
+        assert_eq!((s, reason), (Status::Unknown, "Pending"));
+        assert_eq!(
+            message,
+            "waiting for the provider to make the twin namespace"
+        );
     }
 
     #[test]

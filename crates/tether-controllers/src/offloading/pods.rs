@@ -4,8 +4,8 @@
 //! local pod is removed for good only once the provider's is gone). This is the kubelet's
 //! job for a virtual node.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -13,7 +13,8 @@ use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{WatchStreamExt, watcher};
 use tether_api::ClusterId;
 use tether_api::names::{self, labels};
 use tether_api::networking::Configuration;
@@ -21,15 +22,17 @@ use tether_api::offloading::{NamespaceOffloading, ShadowPod, ShadowPodSpec};
 use tokio_util::sync::CancellationToken;
 
 use super::translate::{self, PodView};
+use super::watched::Change;
 use super::{OffCtx, tokens};
 use crate::Error;
 use crate::context::FIELD_MANAGER;
 
 /// How often a pod that is not yet running (or being deleted) is compared with its
-/// provider's copy.
-const SETTLING: Duration = Duration::from_secs(2);
-/// How often a running pod is.
-const STEADY: Duration = Duration::from_secs(30);
+/// provider's copy, besides whenever that copy changes.
+const SETTLING: Duration = Duration::from_secs(5);
+/// How often a running pod is: a change on either side brings it back sooner (its watch
+/// here, [`Change`]s there), so this only bounds how long a missed change goes unnoticed.
+const STEADY: Duration = Duration::from_secs(300);
 /// Annotation on a ShadowPod: the UID of the consumer's pod it stands for.
 pub const ORIGIN_UID: &str = "tether.dev/origin-uid";
 
@@ -38,6 +41,38 @@ struct Node {
     octx: Arc<OffCtx>,
     name: String,
     provider: ClusterId,
+    /// This cluster's namespace of each twin namespace at the provider that holds the
+    /// node's ShadowPods.
+    twins: Mutex<HashMap<String, String>>,
+}
+
+/// The local pods whose ShadowPods at `node`'s provider changed: each is reconciled as the
+/// change arrives, not at its next periodic look.
+fn shadow_pod_changes(
+    changes: tokio::sync::broadcast::Receiver<Change>,
+    node: Arc<Node>,
+) -> impl futures::Stream<Item = ObjectRef<Pod>> + Send + 'static {
+    let received = futures::stream::unfold(changes, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(change) => return Some((change, rx)),
+                // Fell behind: what it missed is found on the next periodic pass.
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    received.filter_map(move |change| {
+        let node = node.clone();
+        async move {
+            if !change.is::<ShadowPod>() || change.provider != node.provider.as_str() {
+                return None;
+            }
+            let twins = node.twins.lock().unwrap_or_else(PoisonError::into_inner);
+            let local = twins.get(&change.namespace)?;
+            Some(ObjectRef::new(&change.name).within(local))
+        }
+    })
 }
 
 /// A running reflector; stops when dropped or stopped.
@@ -49,14 +84,24 @@ impl Reflector {
     /// Starts reflecting the pods bound to `node`, which `provider` runs.
     pub fn spawn(octx: Arc<OffCtx>, node: &str, provider: ClusterId) -> Self {
         let stop = CancellationToken::new();
-        let pods: Api<Pod> = Api::all(octx.ctx.client.clone());
+        let api: Api<Pod> = Api::all(octx.ctx.client.clone());
+        let changes = octx.watched.subscribe();
         let ctx = Arc::new(Node {
             octx,
             name: node.to_owned(),
             provider,
+            twins: Mutex::default(),
         });
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let run = Controller::new(pods, config)
+        let (store, writer) = reflector::store();
+        // Managed fields are the bulk of a stored pod and nothing here reads them.
+        let pods = watcher(api, config)
+            .default_backoff()
+            .modify(|p: &mut Pod| p.metadata.managed_fields = None)
+            .reflect(writer)
+            .touched_objects();
+        let run = Controller::for_stream(pods, store)
+            .reconcile_on(shadow_pod_changes(changes, ctx.clone()))
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(reflect, error_policy, ctx)
             .for_each(|_| async {});
@@ -103,25 +148,34 @@ pub(super) async fn twin_of(
         .map_err(Error::kube(format!(
             "reading the NamespaceOffloading of {ns}"
         )))?;
+    Ok(twin_in(no.as_ref(), ns, provider))
+}
+
+/// The twin of `ns` at `provider` as `ns`'s NamespaceOffloading (`no`) reports it, or why
+/// there is none.
+fn twin_in(
+    no: Option<&NamespaceOffloading>,
+    ns: &str,
+    provider: &ClusterId,
+) -> Result<String, String> {
     let Some(no) = no else {
-        return Ok(Err(format!(
+        return Err(format!(
             "namespace {ns} is not offloaded; `tether offload namespace {ns}` does it"
-        )));
+        ));
     };
-    let st = no.status.unwrap_or_default();
+    let st = no.status.as_ref();
     let ready = st
-        .remote_namespaces_conditions
-        .get(provider.as_str())
+        .and_then(|st| st.remote_namespaces_conditions.get(provider.as_str()))
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
-    match (ready, st.remote_namespace_name) {
-        (Some(c), Some(name)) if c.status == "True" => Ok(Ok(name)),
-        (Some(c), _) => Ok(Err(format!(
+    match (ready, st.and_then(|st| st.remote_namespace_name.clone())) {
+        (Some(c), Some(name)) if c.status == "True" => Ok(name),
+        (Some(c), _) => Err(format!(
             "namespace {ns} is not ready at {provider}: {}",
             c.message
-        ))),
-        (None, _) => Ok(Err(format!(
+        )),
+        (None, _) => Err(format!(
             "namespace {ns} is not offloaded to {provider} (its cluster selector leaves it out)"
-        ))),
+        )),
     }
 }
 
@@ -133,9 +187,20 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
     let access = node
         .octx
         .providers
-        .access(&ctx.client, &node.provider)
+        .recent_access(&ctx.client, &node.provider)
         .await?;
-    let twin = twin_of(&ctx.client, &ns, &node.provider).await?;
+    let offloading = node
+        .octx
+        .local
+        .get::<NamespaceOffloading>(Some(&ns), super::namespaces::NAME)
+        .await?;
+    let twin = twin_in(offloading.as_deref(), &ns, &node.provider);
+    if let Ok(twin) = &twin {
+        node.twins
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(twin.clone(), ns.clone());
+    }
     if pod.metadata.deletion_timestamp.is_some() {
         // Gone at the provider first (or never there), then here for good.
         if let (Some(access), Ok(twin)) = (&access, &twin) {
@@ -262,7 +327,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         .await?;
         return Ok(Action::requeue(SETTLING));
     };
-    let view = pod_view(&ctx.client, &node.provider).await?;
+    let view = pod_view(&node.octx, &node.provider).await?;
     let status = translate::local_status(&remote_status, &view, ctx.settings.pod_ip.as_deref());
     write_status(&local, pod, status.clone()).await?;
     let ready = status
@@ -299,27 +364,20 @@ fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId, token: Option<&str>)
 
 /// How this cluster addresses `provider`'s pods, from the networking module's Configuration
 /// (no remap known: addresses are shown as the provider has them).
-async fn pod_view(client: &kube::Client, provider: &ClusterId) -> Result<PodView, Error> {
+async fn pod_view(octx: &OffCtx, provider: &ClusterId) -> Result<PodView, Error> {
     let ns = names::tenant_namespace(provider);
-    let conf = match Api::<Configuration>::namespaced(client.clone(), &ns)
-        .get_opt(provider.as_str())
-        .await
-    {
-        Ok(c) => c,
-        Err(kube::Error::Api(e)) if e.code == 403 || e.code == 404 => None,
-        Err(e) => {
-            return Err(Error::kube(format!(
-                "reading Configuration {ns}/{provider}"
-            ))(e));
-        }
-    };
+    let conf = octx
+        .local
+        .get::<Configuration>(Some(&ns), provider.as_str())
+        .await?;
     Ok(match conf {
         Some(c) => {
             let real = c.spec.remote.cidr.pod.clone();
             let view = c
                 .status
-                .and_then(|s| s.remote)
-                .map(|r| r.cidr.pod)
+                .as_ref()
+                .and_then(|s| s.remote.as_ref())
+                .map(|r| r.cidr.pod.clone())
                 .unwrap_or_else(|| real.clone());
             PodView::new(&real, &view)
         }

@@ -4,15 +4,19 @@
 //! deletes it, and reported back with the Pod's status. Nothing here waits on the consumer,
 //! so its pods keep running while it is unreachable.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use tether_api::authentication::ResourceSlice;
 use tether_api::conditions::{self, Status, Time, types};
@@ -34,6 +38,170 @@ pub const SPEC_DIGEST: &str = "tether.dev/shadow-pod-spec";
 /// Rejections that a later look may lift without the ShadowPod changing (the consumer peers
 /// again, an admin makes the tenant active, the other Pod goes).
 const TRANSIENT: [&str; 3] = ["UnknownConsumer", "TenantNotActive", "PodNameTaken"];
+
+/// The provider's ShadowPods and the Pods made from them, as the reconciler's watches see
+/// them: admission counts what is in use from these, not from a listing per pod.
+pub struct Stores {
+    /// Every ShadowPod of this cluster.
+    pub shadow_pods: Store<ShadowPod>,
+    /// Every Pod made from a ShadowPod.
+    pub pods: Store<Pod>,
+    writers: Mutex<Option<(Writer<ShadowPod>, Writer<Pod>)>>,
+}
+
+/// A watch feeding one of [`Stores`].
+pub type Watch<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
+impl Default for Stores {
+    fn default() -> Self {
+        let (shadow_pods, sw) = reflector::store();
+        let (pods, pw) = reflector::store();
+        Self {
+            shadow_pods,
+            pods,
+            writers: Mutex::new(Some((sw, pw))),
+        }
+    }
+}
+
+impl Stores {
+    /// The watches that fill the stores, for the reconciler to run on (once per term: `None`
+    /// the second time). Pods are those matching `selector`.
+    pub fn streams(
+        &self,
+        client: &kube::Client,
+        selector: &str,
+    ) -> Option<(Watch<ShadowPod>, Watch<Pod>)> {
+        let (sw, pw) = self
+            .writers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()?;
+        // Managed fields are the bulk of a stored object and nothing here reads them.
+        let shadows = watcher(
+            Api::<ShadowPod>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .modify(|o: &mut ShadowPod| o.metadata.managed_fields = None)
+        .reflect(sw)
+        .touched_objects()
+        .boxed();
+        let pods = watcher(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default().labels(selector),
+        )
+        .default_backoff()
+        .modify(|o: &mut Pod| o.metadata.managed_fields = None)
+        .reflect(pw)
+        .touched_objects()
+        .boxed();
+        Some((shadows, pods))
+    }
+}
+
+/// One admission the ShadowPod watch has not shown yet.
+struct Admitted {
+    consumer: String,
+    /// The ShadowPod's resource version when it was admitted: a later one in the store
+    /// carries the admission in its status.
+    version: Option<String>,
+}
+
+/// The admissions in flight, by ShadowPod UID.
+#[derive(Default)]
+pub struct Admissions {
+    in_flight: HashMap<String, Admitted>,
+}
+
+impl Admissions {
+    /// Whether `sp` (as stored) was admitted and the store does not show it yet.
+    fn in_flight(&self, sp: &ShadowPod) -> bool {
+        sp.metadata
+            .uid
+            .as_ref()
+            .and_then(|uid| self.in_flight.get(uid))
+            .is_some_and(|a| a.version == sp.metadata.resource_version)
+    }
+
+    /// Decides on `sp` with what `consumer`'s other pods hold: the stored ShadowPods that were
+    /// admitted (their Pod, or else their status, says so) and the admissions in flight. An
+    /// admitted pod is in flight until the store shows its next version. Forgets admissions
+    /// the store has caught up with or whose ShadowPod is gone.
+    fn decide(
+        &mut self,
+        sp: &ShadowPod,
+        stores: &Stores,
+        grant: &Resources,
+        mode: Enforcement,
+    ) -> Admission {
+        let consumer = sp.spec.consumer_cluster_id.as_str();
+        let this = sp.metadata.uid.clone().unwrap_or_default();
+        let mut seen = HashSet::new();
+        let mut used = Vec::new();
+        for s in stores.shadow_pods.state() {
+            if s.spec.consumer_cluster_id != consumer {
+                continue;
+            }
+            let uid = s.metadata.uid.clone().unwrap_or_default();
+            if self.in_flight(&s) {
+                seen.insert(uid.clone());
+            }
+            if uid == this {
+                continue;
+            }
+            if (self.in_flight(&s) || holds(&s, &stores.pods))
+                && let Ok(r) = tether_resources::pod_requests(&s.spec.pod)
+            {
+                used.push(r);
+            }
+        }
+        self.in_flight
+            .retain(|uid, a| a.consumer != consumer || seen.contains(uid));
+        let in_use = Resources::sum(&used);
+        let decision = tether_resources::admit(&sp.spec.pod, &in_use, grant, mode);
+        if decision == Admission::Allow {
+            self.in_flight.insert(
+                this,
+                Admitted {
+                    consumer: consumer.to_owned(),
+                    version: sp.metadata.resource_version.clone(),
+                },
+            );
+        }
+        decision
+    }
+
+    /// Drops the admission of `uid` (its Pod could not be made).
+    fn undo(&mut self, uid: Option<&String>) {
+        if let Some(uid) = uid {
+            self.in_flight.remove(uid);
+        }
+    }
+}
+
+/// Whether a stored ShadowPod holds part of its consumer's grant: its Pod exists and has not
+/// finished, or, with no Pod seen, its status says it was admitted and has not finished.
+fn holds(sp: &ShadowPod, pods: &Store<Pod>) -> bool {
+    let key = ObjectRef::new(&sp.name_any()).within(&sp.namespace().unwrap_or_default());
+    let pod = pods.get(&key).filter(|p| {
+        p.owner_references()
+            .iter()
+            .any(|o| Some(&o.uid) == sp.metadata.uid.as_ref())
+    });
+    match pod {
+        Some(p) => !p
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(terminal),
+        None => sp
+            .status
+            .as_ref()
+            .and_then(|st| st.phase.as_deref())
+            .is_some_and(|p| p != PHASE_REJECTED && !terminal(p)),
+    }
+}
 
 fn now() -> Time {
     Time(k8s_openapi::jiff::Timestamp::now())
@@ -157,14 +325,18 @@ async fn consumer_api(octx: &OffCtx, consumer: &str) -> Result<Option<Ipv4Addr>,
         return Ok(None);
     };
     let ns = names::tenant_namespace(&id);
-    let conf = Api::<Configuration>::namespaced(octx.ctx.client.clone(), &ns)
-        .get_opt(consumer)
-        .await
-        .map_err(Error::kube(format!(
-            "reading Configuration {ns}/{consumer}"
-        )))?;
+    let conf = octx.local.get::<Configuration>(Some(&ns), consumer).await?;
     Ok(conf
-        .and_then(|c| c.status?.remote?.cidr.external.into_iter().next())
+        .and_then(|c| {
+            c.status
+                .as_ref()?
+                .remote
+                .as_ref()?
+                .cidr
+                .external
+                .first()
+                .cloned()
+        })
         .and_then(|cidr| names::in_band::address(&cidr, names::in_band::API_SERVER_HOST)))
 }
 
@@ -266,11 +438,16 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
     let ns = sp.namespace().unwrap_or_default();
     let name = sp.name_any();
     let consumer = sp.spec.consumer_cluster_id.as_str();
-    let namespace = Api::<Namespace>::all(client.clone())
-        .get_opt(&ns)
-        .await
-        .map_err(Error::kube(format!("reading namespace {ns}")))?;
-    match namespace.as_ref().and_then(twin_consumer) {
+    let namespace = match octx.local.get::<Namespace>(None, &ns).await? {
+        Some(n) => Some(n),
+        // Made a moment ago, or not at all: the API server says which.
+        None => Api::<Namespace>::all(client.clone())
+            .get_opt(&ns)
+            .await
+            .map_err(Error::kube(format!("reading namespace {ns}")))?
+            .map(Arc::new),
+    };
+    match namespace.as_deref().and_then(twin_consumer) {
         None => {
             let message = format!(
                 "namespace {ns} is not a twin namespace; a consumer's ShadowPods belong in the \
@@ -291,10 +468,12 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
         return Ok(Action::await_change());
     }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let pod = pods
-        .get_opt(&name)
-        .await
-        .map_err(Error::kube(format!("reading Pod {ns}/{name}")))?;
+    // A Pod made a moment ago and not in the store yet: creating it again gets a conflict
+    // and a second look.
+    let pod = octx
+        .shadow_pods
+        .pods
+        .get(&ObjectRef::new(&name).within(&ns));
     let Some(pod) = pod else {
         return create(octx, sp).await;
     };
@@ -342,7 +521,7 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
     }
     let want_images = images(&sp.spec.pod);
     if pod.spec.as_ref().map(images).as_ref() != Some(&want_images) {
-        let mut next = pod.clone();
+        let mut next = (*pod).clone();
         if let Some(spec) = next.spec.as_mut() {
             for c in spec
                 .init_containers
@@ -364,8 +543,8 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// Admits `sp` within its consumer's grant and creates its Pod, or rejects it. Serialised:
-/// each decision sees every earlier one.
+/// Admits `sp` within its consumer's grant and creates its Pod, or rejects it. Decisions
+/// are serialised and each counts every earlier one (see [`Admissions::decide`]).
 async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
     let client = &octx.ctx.client;
     let ns = sp.namespace().unwrap_or_default();
@@ -385,19 +564,6 @@ async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
         && !TRANSIENT.contains(&c.reason.as_str())
     {
         return Ok(Action::await_change());
-    }
-    let _admissions = octx.admission_lock.lock().await;
-    // Re-read under the lock: the cached object may predate a decision just written.
-    let shadows: Api<ShadowPod> = Api::namespaced(client.clone(), &ns);
-    let Some(fresh) = shadows
-        .get_opt(&name)
-        .await
-        .map_err(Error::kube(format!("reading ShadowPod {ns}/{name}")))?
-    else {
-        return Ok(Action::await_change());
-    };
-    if fresh.meta().uid != sp.meta().uid || fresh.status != sp.status {
-        return Ok(Action::requeue(Duration::from_millis(100)));
     }
     let consumer = sp.spec.consumer_cluster_id.as_str();
     if let Some(refusal) = tenant_refusal(client, consumer, true).await? {
@@ -421,43 +587,35 @@ async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
         );
         return reject(octx, sp, ("NoGrant", message)).await;
     }
-    let in_use = in_use_of(octx, consumer, sp).await?;
-    if let Admission::Deny { reason, message } =
-        tether_resources::admit(&sp.spec.pod, &in_use, &grant, mode)
-    {
+    let consumer_api = consumer_api(octx, consumer).await?;
+    // Deciding again on a pod admitted a moment ago is harmless: a pod never counts against
+    // itself, and its Pod, if made, answers the second create with a conflict.
+    let decision = admissions(octx).decide(sp, &octx.shadow_pods, &grant, mode);
+    if let Admission::Deny { reason, message } = decision {
         return reject(octx, sp, (reason, message)).await;
     }
-    let created = match Api::<Pod>::namespaced(client.clone(), &ns)
-        .create(
-            &PostParams::default(),
-            &pod_for(sp, consumer_api(octx, consumer).await?),
-        )
+    match Api::<Pod>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &pod_for(sp, consumer_api))
         .await
     {
-        Ok(p) => p,
+        Ok(_) => {}
         Err(kube::Error::Api(e)) if e.code == 409 => {
             return Ok(Action::requeue(Duration::from_millis(200)));
         }
         // The API server's own validation of the spec: the consumer's to fix.
         Err(kube::Error::Api(e)) if e.code == 422 || e.code == 400 => {
+            admissions(octx).undo(sp.metadata.uid.as_ref());
             let message = format!("the Pod was refused: {}; fix the pod's spec", e.message);
             return reject(octx, sp, ("InvalidPod", message)).await;
         }
-        Err(e) => return Err(Error::kube(format!("creating Pod {ns}/{name}"))(e)),
-    };
+        Err(e) => {
+            admissions(octx).undo(sp.metadata.uid.as_ref());
+            return Err(Error::kube(format!("creating Pod {ns}/{name}"))(e));
+        }
+    }
     tracing::info!(pod = %name, namespace = %ns, %consumer, "offloaded pod admitted");
-    // Written before the lock goes, so the next decision counts this pod.
-    report(
-        octx,
-        sp,
-        mirrored(
-            sp.status.as_ref(),
-            created.status.as_ref(),
-            sp.metadata.generation,
-            now(),
-        ),
-    )
-    .await?;
+    // The status follows from the Pod's own watch event, which brings this ShadowPod back;
+    // until the store shows that write, the admission counts as in flight.
     Ok(Action::await_change())
 }
 
@@ -468,16 +626,13 @@ async fn grant_of(octx: &OffCtx, consumer: &str) -> Result<Resources, Error> {
         return Ok(Resources::default());
     };
     let ns = names::tenant_namespace(&id);
-    let slices = Api::<ResourceSlice>::namespaced(octx.ctx.client.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube(format!("listing ResourceSlices in {ns}")))?;
+    let slices = octx.local.list::<ResourceSlice>().await?;
     let this = octx.ctx.cluster_id().as_str();
     let granted: Vec<Resources> = slices
-        .items
         .iter()
         .filter(|s| {
-            s.spec.provider_cluster_id == this
+            s.namespace().as_deref() == Some(ns.as_str())
+                && s.spec.provider_cluster_id == this
                 && s.spec.consumer_cluster_id == consumer
                 && s.metadata.deletion_timestamp.is_none()
         })
@@ -486,61 +641,10 @@ async fn grant_of(octx: &OffCtx, consumer: &str) -> Result<Resources, Error> {
     Ok(Resources::sum(&granted))
 }
 
-/// What `consumer`'s other admitted pods request: its ShadowPods in its twin namespaces that
-/// have a Pod, or were admitted, and have not finished.
-async fn in_use_of(octx: &OffCtx, consumer: &str, this: &ShadowPod) -> Result<Resources, Error> {
-    let client = &octx.ctx.client;
-    let twins: BTreeSet<String> = Api::<Namespace>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{}={consumer}", labels::REMOTE_CLUSTER_ID)))
-        .await
-        .map_err(Error::kube("listing namespaces"))?
-        .items
-        .iter()
-        .filter(|n| twin_consumer(n) == Some(consumer))
-        .map(ResourceExt::name_any)
-        .collect();
-    let selector = format!("{}={}", labels::TETHER_MANAGED_BY, labels::SHADOW_POD);
-    let pod_phases: HashMap<(String, String), String> = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(Error::kube("listing offloaded Pods"))?
-        .items
-        .into_iter()
-        .map(|p| {
-            let phase = p
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.clone())
-                .unwrap_or_default();
-            ((p.namespace().unwrap_or_default(), p.name_any()), phase)
-        })
-        .collect();
-    let shadows = Api::<ShadowPod>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube("listing ShadowPods"))?;
-    let mut used = Vec::new();
-    for s in &shadows.items {
-        let ns = s.namespace().unwrap_or_default();
-        if s.spec.consumer_cluster_id != consumer
-            || !twins.contains(&ns)
-            || s.meta().uid == this.meta().uid
-        {
-            continue;
-        }
-        let admitted = match pod_phases.get(&(ns, s.name_any())) {
-            Some(phase) => !terminal(phase),
-            None => s
-                .status
-                .as_ref()
-                .and_then(|st| st.phase.as_deref())
-                .is_some_and(|p| p != PHASE_REJECTED && !terminal(p)),
-        };
-        if admitted && let Ok(r) = tether_resources::pod_requests(&s.spec.pod) {
-            used.push(r);
-        }
-    }
-    Ok(Resources::sum(&used))
+fn admissions(octx: &OffCtx) -> std::sync::MutexGuard<'_, Admissions> {
+    octx.admissions
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn reject(
@@ -588,6 +692,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         Container, HostPathVolumeSource, PodCondition, SecurityContext, Volume,
     };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     use super::*;
 
@@ -699,6 +804,147 @@ mod tests {
         assert_eq!(r.pod, None);
         let c = conditions::find(&r.conditions, types::READY).expect("ready");
         assert_eq!(c.reason, "QuotaExceeded");
+    }
+
+    /// A ShadowPod of `consumer` asking 1 CPU and 1Mi, at resource version `rv`.
+    fn asking_one_cpu(name: &str, consumer: &str, rv: &str, phase: Option<&str>) -> ShadowPod {
+        let mut pod = spec("app:v1");
+        pod.containers[0].resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity("1".into())),
+                ("memory".to_owned(), Quantity("1Mi".into())),
+            ])),
+            ..Default::default()
+        });
+        ShadowPod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("shop-c1".into()),
+                uid: Some(format!("uid-{name}")),
+                resource_version: Some(rv.into()),
+                ..Default::default()
+            },
+            spec: tether_api::offloading::ShadowPodSpec {
+                consumer_cluster_id: consumer.into(),
+                pod,
+            },
+            status: phase.map(|p| ShadowPodStatus {
+                phase: Some(p.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Stores holding `shadows` and no Pods.
+    fn stores(shadows: &[&ShadowPod]) -> (Stores, Writer<ShadowPod>) {
+        let stores = Stores::default();
+        let (mut sw, _) = stores
+            .writers
+            .lock()
+            .expect("lock")
+            .take()
+            .expect("writers");
+        for sp in shadows {
+            sw.apply_watcher_event(&watcher::Event::Apply((*sp).clone()));
+        }
+        (stores, sw)
+    }
+
+    fn two_cpus() -> Resources {
+        Resources::from_quantities(&BTreeMap::from([
+            ("cpu".to_owned(), Quantity("2".into())),
+            ("memory".to_owned(), Quantity("1Gi".into())),
+        ]))
+        .expect("grant")
+    }
+
+    #[test]
+    fn admissions_count_what_the_store_has_not_shown_yet() {
+        let (a, b, c) = (
+            asking_one_cpu("a", "c1", "1", None),
+            asking_one_cpu("b", "c1", "2", None),
+            asking_one_cpu("c", "c1", "3", None),
+        );
+        let (stores, _w) = stores(&[&a, &b, &c]);
+        let mut ledger = Admissions::default();
+        let grant = two_cpus();
+        assert_eq!(
+            ledger.decide(&a, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        // Deciding on the same pod again never counts it against itself.
+        assert_eq!(
+            ledger.decide(&a, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        assert_eq!(
+            ledger.decide(&b, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        // Neither a nor b shows an admission in the store yet, and still c is over the grant.
+        assert!(matches!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Deny {
+                reason: "QuotaExceeded",
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn the_store_takes_over_and_finished_or_gone_pods_free_their_share() {
+        let (a, b, c) = (
+            asking_one_cpu("a", "c1", "1", None),
+            asking_one_cpu("b", "c1", "2", None),
+            asking_one_cpu("c", "c1", "3", None),
+        );
+        let other = asking_one_cpu("x", "c2", "4", Some("Running"));
+        let (stores, mut w) = stores(&[&a, &b, &c, &other]);
+        let mut ledger = Admissions::default();
+        let grant = two_cpus();
+        for sp in [&a, &b] {
+            assert_eq!(
+                ledger.decide(sp, &stores, &grant, Enforcement::Soft),
+                Admission::Allow
+            );
+        }
+        // The store shows a's admission (its next version, Running): counted from there.
+        let a_running = asking_one_cpu("a", "c1", "5", Some("Running"));
+        w.apply_watcher_event(&watcher::Event::Apply(a_running));
+        assert!(matches!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Deny { .. }
+        ));
+        // a finished, and b's ShadowPod went: c fits, and another consumer's pod never
+        // counted.
+        w.apply_watcher_event(&watcher::Event::Apply(asking_one_cpu(
+            "a",
+            "c1",
+            "6",
+            Some("Succeeded"),
+        )));
+        w.apply_watcher_event(&watcher::Event::Delete(b.clone()));
+        assert_eq!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        assert!(!ledger.in_flight.contains_key("uid-b"));
+        // A refused pod holds nothing; a running one does.
+        let rejected = asking_one_cpu("d", "c1", "7", Some(PHASE_REJECTED));
+        w.apply_watcher_event(&watcher::Event::Apply(rejected));
+        let running = asking_one_cpu("f", "c1", "9", Some("Running"));
+        w.apply_watcher_event(&watcher::Event::Apply(running));
+        let e = asking_one_cpu("e", "c1", "8", None);
+        w.apply_watcher_event(&watcher::Event::Apply(e.clone()));
+        assert!(matches!(
+            ledger.decide(&e, &stores, &grant, Enforcement::Soft),
+            Admission::Deny { .. }
+        ));
+        ledger.undo(c.metadata.uid.as_ref());
+        assert_eq!(
+            ledger.decide(&e, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
     }
 
     #[test]

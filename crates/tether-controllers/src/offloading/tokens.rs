@@ -43,11 +43,16 @@ const ROOT_CA: &str = "kube-root-ca.crt";
 /// When each reflected token expires, by (provider, twin namespace, ServiceAccount), in Unix
 /// seconds. Lost on restart, which only mints each token once more.
 #[derive(Default)]
-pub struct Minted(Mutex<HashMap<(String, String, String), i64>>);
+pub struct Minted {
+    expiry: Mutex<HashMap<(String, String, String), i64>>,
+    /// Held while minting, so a burst of pods of one ServiceAccount mints one token, not one
+    /// each while the first is on its way.
+    minting: tokio::sync::Mutex<()>,
+}
 
 impl Minted {
     fn fresh(&self, key: &(String, String, String), now: i64) -> bool {
-        self.0
+        self.expiry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(key)
@@ -55,7 +60,7 @@ impl Minted {
     }
 
     fn record(&self, key: (String, String, String), expires: i64) {
-        self.0
+        self.expiry
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(key, expires);
@@ -96,6 +101,10 @@ pub async fn ensure(
 ) -> Result<String, Error> {
     let name = secret_name(sa);
     let key = (provider.as_str().to_owned(), twin.to_owned(), sa.to_owned());
+    if octx.tokens.fresh(&key, unix_now()) {
+        return Ok(name);
+    }
+    let _minting = octx.tokens.minting.lock().await;
     if octx.tokens.fresh(&key, unix_now()) {
         return Ok(name);
     }

@@ -2,7 +2,9 @@
 //! namespace and kind, opened on first use with the tenant identity and kept while it is
 //! used. Pod reflection and namespace reflection read these instead of asking the provider on
 //! every pass, so an idle offloaded namespace costs the link between the clusters only its
-//! open watches, whatever the number of pods.
+//! open watches, whatever the number of pods. Every change a watch sees is also announced
+//! ([`Watched::subscribe`]), so a reflector acts on a provider's status as it arrives rather
+//! than when it next looks.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -68,13 +70,51 @@ impl Drop for Entry {
     }
 }
 
+/// How many changes a slow subscriber may fall behind before it misses some (it then finds
+/// them on its next periodic pass).
+const CHANGES: usize = 8192;
+
+/// One object a provider's watch saw change (applied or deleted).
+#[derive(Clone, Debug)]
+pub struct Change {
+    /// The provider.
+    pub provider: String,
+    /// The object's namespace there.
+    pub namespace: String,
+    /// The object's name.
+    pub name: String,
+    /// The object's type (`std::any::type_name` of it: [`Change::is`] compares).
+    pub kind: &'static str,
+}
+
+impl Change {
+    /// Whether the changed object is a `K`.
+    pub fn is<K>(&self) -> bool {
+        self.kind == std::any::type_name::<K>()
+    }
+}
+
 /// The open watches; dropping it closes them all (a leader's term ends).
-#[derive(Default)]
 pub struct Watched {
     entries: Mutex<HashMap<Key, Entry>>,
+    changes: tokio::sync::broadcast::Sender<Change>,
+}
+
+impl Default for Watched {
+    fn default() -> Self {
+        Self {
+            entries: Mutex::default(),
+            changes: tokio::sync::broadcast::channel(CHANGES).0,
+        }
+    }
 }
 
 impl Watched {
+    /// The changes every watch sees from now on.
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+
     /// Every `K` in `ns` at `provider`, as the watch last saw them. Waits for the first
     /// listing of a new watch; an error means the provider did not answer it in time.
     pub async fn list<K: Watchable>(
@@ -132,11 +172,24 @@ impl Watched {
             .modify(|o: &mut K| o.meta_mut().managed_fields = None)
             .reflect(writer);
         let (p, n) = (provider.to_string(), ns.to_owned());
+        let changes = self.changes.clone();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let Err(e) = event {
-                    tracing::warn!(provider = %p, namespace = %n, kind, error = %e, "watching the provider failed; retrying");
+                match event {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                        // Nobody listening is fine: readers still find it in the store.
+                        let _ = changes.send(Change {
+                            provider: p.clone(),
+                            namespace: n.clone(),
+                            name: o.meta().name.clone().unwrap_or_default(),
+                            kind,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(provider = %p, namespace = %n, kind, error = %e, "watching the provider failed; retrying");
+                    }
                 }
             }
         });

@@ -7,6 +7,7 @@ use ipnet::Ipv4Net;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Api;
 use kube::api::PostParams;
 use serde_json::json;
@@ -39,8 +40,8 @@ pub(super) fn kubeadm_cluster_configuration(plan: &Plan, service_cidr: Ipv4Net) 
 }
 
 /// The cluster objects a kubeadm cluster starts with that the API server does not seed: the
-/// nodes' permissions, the `kubeadm-config` ConfigMap and the DNS Service with its
-/// (selector-less) endpoints.
+/// nodes' permissions, the `kubeadm-config` ConfigMap, the default StorageClass `standard` and
+/// the DNS Service with its (selector-less) endpoints.
 pub(super) async fn bootstrap(
     client: &kube::Client,
     plan: &Plan,
@@ -69,6 +70,15 @@ pub(super) async fn bootstrap(
         .create(&pp, &binding)
         .await
         .map_err(Error::api("creating the nodes' ClusterRoleBinding"))?;
+    // kind and most installers ship a default class; this one is served by the
+    // persistent-volume controller's host-path provisioner.
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &pp,
+            &simkube::controllers::persistent_volumes::default_storage_class(),
+        )
+        .await
+        .map_err(Error::api("creating the default StorageClass"))?;
     let dns_ip = topology::DNS_SERVICE_IP.to_string();
     let gateway = plan.gateway().to_string();
     let labels = json!({"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS", "kubernetes.io/cluster-service": "true"});

@@ -146,6 +146,13 @@ impl ClusterBuilder {
         self
     }
 
+    /// Where the persistent-volume controller provisions host-path volumes (by default
+    /// `simkube-volumes` in the temporary directory). Node agents must see the same path.
+    pub fn volumes_dir(mut self, dir: impl Into<std::path::PathBuf>) -> Self {
+        self.controller_settings.volumes_dir = dir.into();
+        self
+    }
+
     /// The longest certificate the CSR signer issues, as kube-controller-manager's
     /// `--cluster-signing-duration` (one year by default): a CSR asking for longer, or for
     /// nothing, gets this lifetime.
@@ -206,6 +213,12 @@ impl ClusterBuilder {
         } else {
             None
         };
+        // kube-apiserver's `--kubelet-client-certificate`: kubelets that check callers
+        // (`--client-ca-file`) accept it; the others ignore it.
+        let kubelet_client = match &ca {
+            Some(ca) => crate::kubelet_proxy::KubeletClient::with_client_certificate_from(ca)?,
+            None => crate::kubelet_proxy::KubeletClient::default(),
+        };
         let issuer = Arc::new(TokenIssuer::generate().map_err(Error::Token)?);
         let admin_token = random_token();
         let slot: Arc<OnceLock<Weak<ServerState>>> = Arc::new(OnceLock::new());
@@ -258,9 +271,10 @@ impl ClusterBuilder {
             metrics: crate::metrics::Metrics::new(),
             requests: Mutex::new(std::collections::VecDeque::new()),
             watch_breaker,
-            pod_proxy: RwLock::new(Some(crate::kubelet_proxy::pod_proxy(
-                crate::kubelet_proxy::KubeletClient::default(),
-            ))),
+            pod_proxy: RwLock::new(Some(
+                self.pod_proxy
+                    .unwrap_or_else(|| crate::kubelet_proxy::pod_proxy(kubelet_client.clone())),
+            )),
             rbac_cache: Mutex::new(None),
             webhook_dialer: RwLock::new(None),
         });
@@ -311,13 +325,14 @@ impl ClusterBuilder {
             };
             SocketAddr::new(ip, addr.port())
         });
-        seed(&state, advertise);
+        seed(&state, advertise, ca.as_deref());
         let cluster = Cluster {
             name: self.name,
             url,
             addr,
             state,
             ca,
+            kubelet_client,
             tls_config,
             admin_token: SecretToken::new(admin_token),
             advertise,

@@ -1,4 +1,4 @@
-//! Start-up pieces: the listener, the admin token, resourceVersion offsets, and the objects a fresh cluster has and keeps (system namespaces, the `kubernetes` Service and its endpoints, the default RBAC policy).
+//! Start-up pieces: the listener, the admin token, resourceVersion offsets, and the objects a fresh cluster has and keeps (system namespaces, the `kubernetes` Service and its endpoints, the default RBAC policy, the client CA in `kube-system/extension-apiserver-authentication`).
 
 #[allow(clippy::wildcard_imports)]
 use super::*;
@@ -37,9 +37,16 @@ pub(super) async fn bind(addr: SocketAddr) -> Result<tokio::net::TcpListener, Er
         .map_err(|source| Error::Bind { addr, source })
 }
 
+/// Where kube-apiserver publishes the CA its clients' certificates are verified against, for
+/// in-cluster components that authenticate callers the same way (extension API servers,
+/// kubelet-like endpoints).
+pub const CLIENT_CA_CONFIGMAP: &str = "extension-apiserver-authentication";
+/// The key of that ConfigMap holding the PEM client CA.
+pub const CLIENT_CA_KEY: &str = "client-ca-file";
+
 /// The objects a fresh cluster has: system namespaces, the `kubernetes` Service with its
-/// endpoints, and the default RBAC policy.
-pub(super) fn seed(state: &ServerState, advertise: SocketAddr) {
+/// endpoints, the default RBAC policy and, with TLS, the client CA ConfigMap.
+pub(super) fn seed(state: &ServerState, advertise: SocketAddr, ca: Option<&CertAuthority>) {
     let registry = state.registry();
     let mut objects: Vec<(&str, &str, Value)> = Vec::new();
     for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
@@ -54,6 +61,17 @@ pub(super) fn seed(state: &ServerState, advertise: SocketAddr) {
     }
     for binding in auth::default_cluster_role_bindings() {
         objects.push((auth::RBAC_GROUP, "clusterrolebindings", binding));
+    }
+    if let Some(ca) = ca {
+        // kube-apiserver adds the request-header keys when a front proxy is configured;
+        // simulated clusters have none.
+        objects.push((
+            "",
+            "configmaps",
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": CLIENT_CA_CONFIGMAP, "namespace": "kube-system"},
+                   "data": {CLIENT_CA_KEY: ca.ca_pem()}}),
+        ));
     }
     state.store.transact(|txn| {
         for (group, plural, mut obj) in objects {

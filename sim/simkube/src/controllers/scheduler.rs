@@ -1,7 +1,10 @@
 //! The scheduler: binds pending pods to nodes through `pods/binding`, as kube-scheduler's
 //! default profile does for the filters that matter without a real kubelet (node name,
 //! unschedulable, taints, node selector and required node affinity, resource requests) and
-//! least-allocated scoring, so replicas spread.
+//! least-allocated scoring, so replicas spread, and VolumeBinding ([`volume_binding`]): a pod
+//! whose `WaitForFirstConsumer` claims are unbound gets its node chosen as usual, the claims
+//! are annotated with it (`volume.kubernetes.io/selected-node`), and the pod is bound once the
+//! claims are, within kube-scheduler's `bindTimeoutSeconds`.
 //!
 //! A pod that fits nowhere gets `PodScheduled=False` (reason `Unschedulable`) with the real
 //! "0/N nodes are available: ..." message and a `FailedScheduling` event; it is retried whenever
@@ -9,19 +12,28 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{FutureExt as _, StreamExt as _};
-use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod, Taint, Toleration};
+use k8s_openapi::api::core::v1::{
+    Binding, Node, ObjectReference, PersistentVolume, PersistentVolumeClaim, Pod, Taint, Toleration,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource as _, ResourceExt as _};
 use rand::Rng as _;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::persistent_volumes::ANN_SELECTED_NODE;
 use super::{is_status, recorder, watch_pods_and_nodes};
+
+pub mod volume_binding;
+
+use volume_binding::{PodClaims, VolumeView};
 
 /// The scheduler name pods get by default; pods naming another scheduler are left alone.
 pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
@@ -34,6 +46,9 @@ pub const TAINT_UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
 
 /// How often pending pods are retried even when nothing changed.
 const RESYNC: Duration = Duration::from_secs(5);
+/// How long a pod waits for its claims to be bound on the chosen node before it is scheduled
+/// afresh (kube-scheduler's VolumeBinding `bindTimeoutSeconds`).
+pub const BIND_TIMEOUT: Duration = Duration::from_secs(600);
 /// Scoring defaults for containers without requests, as kube-scheduler's non-zero requests.
 const DEFAULT_MILLI_CPU: i128 = 100;
 const DEFAULT_MEMORY_MILLI: i128 = 200 * 1024 * 1024 * 1000;
@@ -154,6 +169,12 @@ pub enum Unfit {
     TooManyPods,
     /// Not enough of this resource is left.
     Insufficient(String),
+    /// A bound claim's volume is pinned (node affinity) to other nodes.
+    VolumeNodeConflict,
+    /// A claim is bound to a volume that does not exist.
+    VolumeBindConflict,
+    /// A claim of a class without a provisioner has no Available volume for this node.
+    NoMatchingVolume,
 }
 
 impl Unfit {
@@ -168,6 +189,13 @@ impl Unfit {
             Unfit::Affinity => "node(s) didn't match Pod's node affinity/selector".into(),
             Unfit::TooManyPods => "Too many pods".into(),
             Unfit::Insufficient(name) => format!("Insufficient {name}"),
+            Unfit::VolumeNodeConflict => "node(s) had volume node affinity conflict".into(),
+            Unfit::VolumeBindConflict => {
+                "node(s) unavailable due to one or more pvc(s) bound to non-existent pv(s)".into()
+            }
+            Unfit::NoMatchingVolume => {
+                "node(s) didn't find available persistent volumes to bind".into()
+            }
         }
     }
 
@@ -282,6 +310,17 @@ pub fn matches_node_affinity(pod: &Pod, node: &Node) -> bool {
     else {
         return true;
     };
+    matches_node_selector(required, node)
+}
+
+/// Whether the node satisfies a required node selector (a pod's required node affinity, or a
+/// PersistentVolume's `nodeAffinity.required`).
+pub fn matches_node_selector(
+    required: &k8s_openapi::api::core::v1::NodeSelector,
+    node: &Node,
+) -> bool {
+    let empty = BTreeMap::new();
+    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
     let name = node.metadata.name.as_deref().unwrap_or_default();
     // Terms are ORed; a term without any requirement matches nothing.
     required.node_selector_terms.iter().any(|term| {
@@ -444,13 +483,29 @@ pub fn schedule(pod: &Pod, nodes: &[NodeUsage<'_>]) -> Decision {
 pub fn schedule_with(
     pod: &Pod,
     nodes: &[NodeUsage<'_>],
+    choose: impl FnMut(usize) -> usize,
+) -> Decision {
+    schedule_with_claims(pod, &PodClaims::default(), nodes, choose)
+}
+
+/// [`schedule_with`] for a pod whose claims passed VolumeBinding's PreFilter: after the other
+/// filters, a node must also suit the claims (VolumeBinding filters after the resources).
+pub fn schedule_with_claims(
+    pod: &Pod,
+    claims: &PodClaims,
+    nodes: &[NodeUsage<'_>],
     mut choose: impl FnMut(usize) -> usize,
 ) -> Decision {
     let mut best: Option<i128> = None;
     let mut tied: Vec<&str> = Vec::new();
     let mut failures: Vec<Vec<Unfit>> = Vec::new();
     for usage in nodes {
-        let unfit = filter(pod, usage);
+        let mut unfit = filter(pod, usage);
+        if unfit.is_empty()
+            && let Some(volumes) = claims.filter(usage.node)
+        {
+            unfit.push(volumes);
+        }
         if unfit.is_empty() {
             let s = score(pod, usage);
             let name = usage.node.metadata.name.as_deref().unwrap_or_default();
@@ -515,6 +570,18 @@ pub fn fit_error_message(total: usize, failures: &[Vec<Unfit>]) -> String {
     )
 }
 
+/// The message of a pod a PreFilter plugin rejected (`reason`: the plugin's): no node was
+/// examined, and preemption cannot help on any.
+pub fn pre_filter_error_message(total: usize, reason: &str) -> String {
+    if total == 0 {
+        return "no nodes available to schedule pods".into();
+    }
+    format!(
+        "0/{total} nodes are available: {reason}. preemption: 0/{total} nodes are available: \
+         {total} Preemption is not helpful for scheduling."
+    )
+}
+
 /// Whether the scheduler should place this pod now.
 pub fn wants_scheduling(pod: &Pod) -> bool {
     let Some(spec) = &pod.spec else {
@@ -536,12 +603,43 @@ fn is_terminal(pod: &Pod) -> bool {
 
 /// Runs the scheduler until `shutdown`.
 pub async fn run(client: Client, shutdown: CancellationToken) {
-    let (pods, nodes, changes) = watch_pods_and_nodes(&client);
+    let (pods, nodes, pod_node_changes) = watch_pods_and_nodes(&client);
+    let (claims, claim_writer) = reflector::store::<PersistentVolumeClaim>();
+    let (volumes, volume_writer) = reflector::store::<PersistentVolume>();
+    let (classes, class_writer) = reflector::store::<StorageClass>();
+    let volume_changes = futures::stream::select_all([
+        watcher(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(claim_writer)
+        .map(|_| ())
+        .boxed(),
+        watcher(
+            Api::<PersistentVolume>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(volume_writer)
+        .map(|_| ())
+        .boxed(),
+        watcher(
+            Api::<StorageClass>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .default_backoff()
+        .reflect(class_writer)
+        .map(|_| ())
+        .boxed(),
+    ]);
+    let changes = futures::stream::select(pod_node_changes, volume_changes);
     let mut changes = std::pin::pin!(changes);
     let mut scheduler = Scheduler {
         recorder: recorder(client.clone(), DEFAULT_SCHEDULER),
         client,
         assumed: HashMap::new(),
+        waiting: HashMap::new(),
     };
     loop {
         tokio::select! {
@@ -551,9 +649,13 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
         }
         while let Some(Some(())) = changes.next().now_or_never() {}
         let ready = pods.wait_until_ready().now_or_never().is_some()
-            && nodes.wait_until_ready().now_or_never().is_some();
+            && nodes.wait_until_ready().now_or_never().is_some()
+            && claims.wait_until_ready().now_or_never().is_some()
+            && volumes.wait_until_ready().now_or_never().is_some()
+            && classes.wait_until_ready().now_or_never().is_some();
         if ready {
-            scheduler.pass(&pods, &nodes).await;
+            let view = VolumeView::new(claims.state(), volumes.state(), classes.state());
+            scheduler.pass(&pods, &nodes, &view).await;
         }
     }
 }
@@ -564,10 +666,14 @@ struct Scheduler {
     /// Pods bound by this scheduler that the watch has not shown bound yet (uid → node), so a
     /// second pass in between neither binds them twice nor forgets their requests.
     assumed: HashMap<String, String>,
+    /// Pods whose node is chosen but whose `WaitForFirstConsumer` claims are not bound yet
+    /// (uid → node, when chosen): bound once the claims are, or scheduled afresh after
+    /// [`BIND_TIMEOUT`].
+    waiting: HashMap<String, (String, Instant)>,
 }
 
 impl Scheduler {
-    async fn pass(&mut self, pods: &Store<Pod>, nodes: &Store<Node>) {
+    async fn pass(&mut self, pods: &Store<Pod>, nodes: &Store<Node>, view: &VolumeView) {
         let pods = pods.state();
         let mut nodes: Vec<Arc<Node>> = nodes.state();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -580,6 +686,7 @@ impl Scheduler {
         let live: std::collections::HashSet<String> =
             pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
         self.assumed.retain(|uid, _| live.contains(uid));
+        self.waiting.retain(|uid, _| live.contains(uid));
         let mut pending = Vec::new();
         for pod in &pods {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -599,7 +706,13 @@ impl Scheduler {
                         usage[i].add(pod);
                     }
                 }
-                None if wants_scheduling(pod) => pending.push(pod.clone()),
+                None if wants_scheduling(pod) => {
+                    // A pod waiting for its claims holds its place on the chosen node.
+                    if let Some(&i) = self.waiting.get(&uid).and_then(|(n, _)| index.get(n)) {
+                        usage[i].add(pod);
+                    }
+                    pending.push(pod.clone());
+                }
                 None => {}
             }
         }
@@ -615,7 +728,45 @@ impl Scheduler {
             })
         });
         for pod in pending {
-            match schedule_with(&pod, &usage, |n| rand::rng().random_range(0..n)) {
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let claims = match volume_binding::pre_filter(&pod, view) {
+                Ok(claims) => claims,
+                Err(reason) => {
+                    self.waiting.remove(&uid);
+                    let message = pre_filter_error_message(nodes.len(), &reason);
+                    self.mark_unschedulable(&pod, &message).await;
+                    continue;
+                }
+            };
+            if let Some((node, since)) = self.waiting.get(&uid).cloned() {
+                if claims.all_bound() {
+                    self.waiting.remove(&uid);
+                    let fits = index
+                        .get(&node)
+                        .is_some_and(|&i| claims.filter(usage[i].node).is_none());
+                    if fits {
+                        if self.bind(&pod, &node).await {
+                            self.assumed.insert(uid, node);
+                        }
+                        continue;
+                    }
+                } else if since.elapsed() < BIND_TIMEOUT {
+                    continue;
+                } else {
+                    tracing::info!(pod = %pod.name_any(), %node, "claims not bound in time; scheduling afresh");
+                    self.waiting.remove(&uid);
+                }
+            }
+            let choose = |n: usize| rand::rng().random_range(0..n);
+            match schedule_with_claims(&pod, &claims, &usage, choose) {
+                Decision::Bind(node) if !claims.all_bound() => {
+                    if self.select_node(&claims, &node).await {
+                        if let Some(&i) = index.get(&node) {
+                            usage[i].add(&pod);
+                        }
+                        self.waiting.insert(uid, (node, Instant::now()));
+                    }
+                }
                 Decision::Bind(node) => {
                     if self.bind(&pod, &node).await {
                         if let Some(&i) = index.get(&node) {
@@ -628,6 +779,37 @@ impl Scheduler {
                 Decision::Unschedulable(message) => self.mark_unschedulable(&pod, &message).await,
             }
         }
+    }
+
+    /// Annotates the pod's unbound `WaitForFirstConsumer` claims with the chosen node, for the
+    /// provisioner (VolumeBinding's PreBind); true when every claim carries it.
+    async fn select_node(&self, claims: &PodClaims, node: &str) -> bool {
+        let mut all = true;
+        for claim in claims.delayed() {
+            let current = claim
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANN_SELECTED_NODE));
+            if current.map(String::as_str) == Some(node) {
+                continue;
+            }
+            let api: Api<PersistentVolumeClaim> =
+                Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+            let patch = json!({"metadata": {"annotations": {ANN_SELECTED_NODE: node}}});
+            if let Err(error) = api
+                .patch(
+                    &claim.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                tracing::debug!(%error, claim = %claim.name_any(), "cannot select a node for a claim");
+                all = false;
+            }
+        }
+        all
     }
 
     async fn bind(&self, pod: &Pod, node: &str) -> bool {

@@ -193,6 +193,10 @@ pub(super) fn admit_create(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value) -> Res
                 return Err(service_invalid(obj, &errors));
             }
         }
+        ("", "persistentvolumeclaims") => {
+            let classes = txn.list(&TypeKey::new("storage.k8s.io", "storageclasses"), None);
+            crate::controllers::persistent_volumes::admit_claim(obj, classes.iter().map(|c| &**c));
+        }
         ("", "pods") => crate::admission::admit_pod(
             obj,
             |ns, name| {

@@ -172,10 +172,14 @@ impl Ctx<'_> {
 
 /// What kube-apiserver has done to an object before its mutating webhooks see it: the
 /// defaults of decoding, and the built-in mutating admission (ServiceAccount and
-/// DefaultTolerationSeconds on pods). All of it runs again, idempotently, in the strategy's
-/// pass over the webhooks' result.
+/// DefaultTolerationSeconds on pods, DefaultStorageClass on claims). All of it runs again,
+/// idempotently, in the strategy's pass over the webhooks' result.
 pub(super) fn builtin_mutations(ctx: &Ctx<'_>, txn: &Txn<'_>, obj: &mut Value, create: bool) {
     crate::strategy::default_object(&ctx.rt, obj);
+    if create && ctx.rt.group.is_empty() && ctx.rt.plural == "persistentvolumeclaims" {
+        let classes = txn.list(&TypeKey::new("storage.k8s.io", "storageclasses"), None);
+        crate::controllers::persistent_volumes::admit_claim(obj, classes.iter().map(|c| &**c));
+    }
     if !(ctx.rt.group.is_empty() && ctx.rt.plural == "pods") {
         return;
     }
