@@ -65,16 +65,7 @@ async fn apply(ip: &IP, nctx: &NetCtx) -> Result<Action, Error> {
     };
     let decision = {
         let _serial = nctx.ip_lock.lock().await;
-        let all = Api::<IP>::all(ctx.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(Error::kube("listing IPs"))?;
-        let claims: Vec<Claim> = all
-            .items
-            .iter()
-            .filter(|i| i.metadata.deletion_timestamp.is_none())
-            .map(claim)
-            .collect();
+        let claims: Vec<Claim> = live(ctx).await?.iter().map(claim).collect();
         let decision = external_ips::decide(&networks, &claims).remove(&key(ip));
         // Written under the lock: the next decision must see this host as taken.
         match decision {
@@ -197,21 +188,25 @@ async fn write_status(
     Ok(())
 }
 
+/// Every IP of this cluster that is not being deleted, read afresh.
+async fn live(ctx: &Ctx) -> Result<Vec<IP>, Error> {
+    let all = Api::<IP>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::kube("listing IPs"))?;
+    Ok(all
+        .items
+        .into_iter()
+        .filter(|i| i.metadata.deletion_timestamp.is_none())
+        .collect())
+}
+
 /// What every gateway of this cluster publishes now: the assigned IPs, read afresh.
 pub async fn published(
     ctx: &Ctx,
     external: Option<ipnet::Ipv4Net>,
 ) -> Result<Vec<PublishedAddress>, Error> {
-    let all = Api::<IP>::all(ctx.client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::kube("listing IPs"))?;
-    let assigned: Vec<Assigned> = all
-        .items
-        .iter()
-        .filter(|i| i.metadata.deletion_timestamp.is_none())
-        .map(assigned)
-        .collect();
+    let assigned: Vec<Assigned> = live(ctx).await?.iter().map(assigned).collect();
     Ok(external_ips::published(external, &assigned))
 }
 
