@@ -13,8 +13,6 @@ use axum::extract::{Path, State};
 use axum::routing::post;
 use axum::{Json, Router};
 use base64::Engine as _;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -23,8 +21,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use simkube::Cluster;
 use simkube::admission::webhooks::{WebhookDialer, WebhookEndpoint};
+use support::webhook::{TlsServer, rule, serve_https, validating, webhook};
 use support::{Kubectl, kubectl_available};
-use tokio::net::TcpListener;
 
 /// The reviews the test webhook received, by path.
 #[derive(Default)]
@@ -133,90 +131,26 @@ async fn hook(
 
 /// A running webhook server.
 struct Hooks {
-    port: u16,
-    ca_bundle: String,
+    server: TlsServer,
     seen: Arc<Seen>,
 }
 
 impl Hooks {
-    /// Serves HTTPS on 127.0.0.1 with a certificate for `127.0.0.1` and `hooks.webhooks.svc`.
+    /// Serves the hooks over HTTPS on 127.0.0.1 (see [`serve_https`]).
     async fn start() -> Self {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let ca_key = rcgen::KeyPair::generate().expect("CA key");
-        let mut ca_params = rcgen::CertificateParams::default();
-        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        ca_params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "test webhook CA");
-        let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
-        let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca_cert.pem());
-        let issuer = rcgen::Issuer::new(ca_params, ca_key);
-        let key = rcgen::KeyPair::generate().expect("key");
-        let params = rcgen::CertificateParams::new(vec![
-            "127.0.0.1".to_owned(),
-            "hooks.webhooks.svc".to_owned(),
-        ])
-        .expect("params");
-        let cert = params.signed_by(&key, &issuer).expect("certificate");
-        let config = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(
-                vec![cert.der().clone()],
-                rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-            )
-            .expect("tls config");
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let seen = Arc::new(Seen::default());
         let app = Router::new()
             .route("/{path}", post(hook))
             .with_state(seen.clone());
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let port = listener.local_addr().expect("addr").port();
-        tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    return;
-                };
-                let (acceptor, app) = (acceptor.clone(), app.clone());
-                tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                        .serve_connection(TokioIo::new(tls), TowerToHyperService::new(app))
-                        .await;
-                });
-            }
-        });
         Self {
-            port,
-            ca_bundle,
+            server: serve_https(app).await,
             seen,
         }
     }
 
     fn url(&self, path: &str) -> Value {
-        json!({"url": format!("https://127.0.0.1:{}/{path}", self.port), "caBundle": self.ca_bundle})
+        self.server.url(path)
     }
-}
-
-/// One webhook entry; `extra` overrides or adds fields.
-fn webhook(name: &str, client: Value, rules: Value, extra: Value) -> Value {
-    let mut hook = json!({
-        "name": name,
-        "clientConfig": client,
-        "rules": rules,
-        "sideEffects": "None",
-        "admissionReviewVersions": ["v1"],
-    });
-    for (k, v) in extra.as_object().into_iter().flatten() {
-        hook[k] = v.clone();
-    }
-    hook
-}
-
-fn rule(operations: &[&str], groups: &[&str], resources: &[&str]) -> Value {
-    json!([{"operations": operations, "apiGroups": groups, "apiVersions": ["*"], "resources": resources}])
 }
 
 async fn mutating(client: &kube::Client, name: &str, hooks: Value) -> Value {
@@ -228,15 +162,6 @@ async fn mutating(client: &kube::Client, name: &str, hooks: Value) -> Value {
         .await
         .expect("create mutating configuration");
     serde_json::to_value(created).expect("json")
-}
-
-async fn validating(client: &kube::Client, name: &str, hooks: Value) {
-    let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let config = serde_json::from_value(json!({"metadata": {"name": name}, "webhooks": hooks}))
-        .expect("configuration");
-    api.create(&PostParams::default(), &config)
-        .await
-        .expect("create validating configuration");
 }
 
 fn pod(name: &str, labels: Value) -> Pod {
@@ -306,7 +231,7 @@ async fn a_mutating_webhook_behind_a_service_labels_and_tolerates_pods() {
         "metadata": {"name": "hooks-1", "labels": {"kubernetes.io/service-name": "hooks"}},
         "addressType": "IPv4",
         "endpoints": [{"addresses": ["127.0.0.1"], "conditions": {"ready": true}}],
-        "ports": [{"name": "https", "port": hooks.port, "protocol": "TCP"}]
+        "ports": [{"name": "https", "port": hooks.server.port, "protocol": "TCP"}]
     }))
     .expect("slice");
     slices
@@ -319,7 +244,7 @@ async fn a_mutating_webhook_behind_a_service_labels_and_tolerates_pods() {
         json!([webhook(
             "offload.tether.test",
             json!({"service": {"namespace": "webhooks", "name": "hooks", "path": "/mutate"},
-                "caBundle": hooks.ca_bundle}),
+                "caBundle": hooks.server.ca_bundle}),
             rule(&["CREATE"], &[""], &["pods"]),
             json!({}),
         )]),
@@ -419,7 +344,7 @@ async fn a_mutating_webhook_behind_a_service_labels_and_tolerates_pods() {
     // Pod addresses of a simulated cluster are reached through the dialer the cluster installs:
     // it is handed the endpoint (address, port, node) and connects however it can.
     let dialled = Arc::new(Mutex::new(Vec::new()));
-    let (record, port) = (dialled.clone(), hooks.port);
+    let (record, port) = (dialled.clone(), hooks.server.port);
     let dialer: WebhookDialer = Arc::new(move |endpoint| {
         record.lock().expect("lock").push(endpoint);
         Box::pin(async move { tokio::net::TcpStream::connect(("127.0.0.1", port)).await })
@@ -718,8 +643,7 @@ async fn failure_policies_timeouts_and_bad_answers() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         l.local_addr().expect("addr").port()
     };
-    let down =
-        json!({"url": format!("https://127.0.0.1:{closed}/down"), "caBundle": hooks.ca_bundle});
+    let down = json!({"url": format!("https://127.0.0.1:{closed}/down"), "caBundle": hooks.server.ca_bundle});
     validating(
         &client,
         "down",
@@ -780,7 +704,7 @@ async fn failure_policies_timeouts_and_bad_answers() {
     assert!(
         err.message.ends_with(&format!(
             "failed calling webhook \"slow.tether.test\": failed to call webhook: Post \"https://127.0.0.1:{}/slow?timeout=1s\": context deadline exceeded",
-            hooks.port
+            hooks.server.port
         )),
         "{}",
         err.message

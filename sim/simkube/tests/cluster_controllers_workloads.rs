@@ -1,13 +1,20 @@
 //! Deployments and ReplicaSets against a running simkube with every controller, fake nodes
 //! and a stand-in kubelet, through the real kube-rs client: spreading, availability, rolling
 //! updates within maxUnavailable/maxSurge, scaling through the scale subresource, Recreate,
-//! revision history and ReplicaSet self-healing.
+//! revision history, ReplicaSet self-healing, and the slow-start batches in which a ReplicaSet
+//! creates its pods (seen by a validating webhook that holds each creation).
 
 mod cluster_controllers_support;
+mod support;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use axum::extract::State;
+use axum::routing::post;
+use axum::{Json, Router};
 use cluster_controllers_support::{
     cluster, create_node, eventually, fake_kubelet, node, node_of, pod,
 };
@@ -16,6 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt as _};
 use serde_json::{Value, json};
+use support::webhook::{rule, serve_https, validating, webhook};
 
 fn deployment(name: &str, replicas: i32, image: &str, strategy: Value) -> Deployment {
     serde_json::from_value(json!({
@@ -352,4 +360,169 @@ async fn replica_set_replaces_deleted_pods_and_adopts_orphans() {
         (status.replicas, status.fully_labeled_replicas),
         (2, Some(2))
     );
+}
+
+/// How long the gate webhook holds each pod creation: long enough that the creations of one
+/// batch overlap despite scheduling skew on a busy machine.
+const HOLD: Duration = Duration::from_millis(400);
+
+/// A validating webhook on pod creations that holds each call for [`HOLD`], records when each
+/// was in flight and how many were at once, and refuses every call after the first `allow`.
+struct Gate {
+    allow: usize,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    calls: Mutex<Vec<(Instant, Option<Instant>)>>,
+}
+
+impl Gate {
+    /// Serves the gate and registers it for pod CREATE in the cluster.
+    async fn install(client: &Client, allow: usize) -> Arc<Self> {
+        let gate = Arc::new(Self {
+            allow,
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            calls: Mutex::new(Vec::new()),
+        });
+        let app = Router::new()
+            .route("/pods", post(gate_call))
+            .with_state(gate.clone());
+        let server = serve_https(app).await;
+        validating(
+            client,
+            "gate",
+            json!([webhook(
+                "gate.tether.test",
+                server.url("pods"),
+                rule(&["CREATE"], &[""], &["pods"]),
+                json!({}),
+            )]),
+        )
+        .await;
+        gate
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.lock().expect("lock").len()
+    }
+
+    /// The sizes of the groups of calls that overlapped in time, in order: calls of one group
+    /// were in flight together; a group starts only after the previous one ended.
+    fn bursts(&self) -> Vec<usize> {
+        let mut calls: Vec<(Instant, Instant)> = self
+            .calls
+            .lock()
+            .expect("lock")
+            .iter()
+            .map(|(start, end)| (*start, end.expect("every call answered")))
+            .collect();
+        calls.sort();
+        let mut bursts: Vec<usize> = Vec::new();
+        let mut until: Option<Instant> = None;
+        for (start, end) in calls {
+            match until {
+                Some(u) if start < u => {
+                    *bursts.last_mut().expect("a burst") += 1;
+                    until = Some(u.max(end));
+                }
+                _ => {
+                    bursts.push(1);
+                    until = Some(end);
+                }
+            }
+        }
+        bursts
+    }
+}
+
+async fn gate_call(State(gate): State<Arc<Gate>>, Json(review): Json<Value>) -> Json<Value> {
+    let index = {
+        let mut calls = gate.calls.lock().expect("lock");
+        calls.push((Instant::now(), None));
+        calls.len() - 1
+    };
+    let now = gate.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    gate.most_in_flight.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(HOLD).await;
+    gate.in_flight.fetch_sub(1, Ordering::SeqCst);
+    gate.calls.lock().expect("lock")[index].1 = Some(Instant::now());
+    let response = if index < gate.allow {
+        json!({"uid": review["request"]["uid"], "allowed": true})
+    } else {
+        json!({"uid": review["request"]["uid"], "allowed": false,
+            "status": {"code": 403, "reason": "Forbidden",
+                "message": format!("the gate admits only {} pods", gate.allow)}})
+    };
+    Json(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    )
+}
+
+fn replica_set(name: &str, replicas: i32) -> ReplicaSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}
+    }))
+    .expect("rs")
+}
+
+/// Waits until the gate has seen no new call for a while, and returns how many it saw.
+async fn quiet(gate: &Gate) -> usize {
+    let mut seen = gate.calls();
+    let mut still = 0;
+    eventually("the creations to stop", || {
+        let now = gate.calls();
+        if now == seen {
+            still += 1;
+        } else {
+            (seen, still) = (now, 0);
+        }
+        async move { (still >= 20).then_some(now) }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn replica_set_creates_pods_in_slow_start_batches() {
+    let (_cluster, client) = cluster().await;
+    let gate = Gate::install(&client, usize::MAX).await;
+    Api::<ReplicaSet>::default_namespaced(client.clone())
+        .create(&PostParams::default(), &replica_set("wide", 15))
+        .await
+        .expect("create");
+    eventually("15 pods", || async {
+        (app_pods(&client, "wide").await.len() == 15).then_some(())
+    })
+    .await;
+    // One pass made them all: 1, then 2, 4 and 8 at once, each batch after the previous one.
+    assert_eq!(quiet(&gate).await, 15);
+    assert_eq!(gate.bursts(), [1, 2, 4, 8]);
+    assert_eq!(gate.most_in_flight.load(Ordering::SeqCst), 8);
+    assert_eq!(app_pods(&client, "wide").await.len(), 15);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_creation_ends_the_pass() {
+    let (_cluster, client) = cluster().await;
+    let gate = Gate::install(&client, 3).await;
+    let sets: Api<ReplicaSet> = Api::default_namespaced(client.clone());
+    sets.create(&PostParams::default(), &replica_set("capped", 10))
+        .await
+        .expect("create");
+    let status = eventually("status of 3 replicas", || async {
+        let s = sets.get("capped").await.ok()?.status?;
+        (s.replicas == 3).then_some(s)
+    })
+    .await;
+    assert_eq!(status.fully_labeled_replicas, Some(3));
+    quiet(&gate).await;
+    // The batch of 4 had refusals, so the pass ended there instead of trying the other 3; each
+    // later pass (a pod or the status changed) tries one pod, is refused, and waits again.
+    let bursts = gate.bursts();
+    assert_eq!(bursts[..3], [1, 2, 4], "{bursts:?}");
+    assert!(bursts[3..].iter().all(|b| *b == 1), "{bursts:?}");
+    assert_eq!(app_pods(&client, "capped").await.len(), 3);
 }

@@ -1,12 +1,14 @@
 //! The ReplicaSet controller: creates pods from the template (`generateName: <rs>-`, a
-//! controller owner reference) until `spec.replicas` are active, deletes the most expendable
-//! ones beyond it, adopts matching orphans, and reports replicas, fully labeled, ready and
-//! available (after `minReadySeconds`) counts.
+//! controller owner reference) until `spec.replicas` are active, in slow-start batches of 1, 2,
+//! 4, ... at most 500 a pass, deletes the most expendable ones beyond it, adopts matching
+//! orphans, and reports replicas, fully labeled, ready and available (after `minReadySeconds`)
+//! counts.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use futures::future::join_all;
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -97,6 +99,27 @@ pub fn sort_for_deletion(pods: &mut [&Pod]) {
                 created(b).cmp(&created(a))
             })
     });
+}
+
+/// The most pods one pass creates, and the most it deletes, as kube-controller-manager's
+/// `burstReplicas`: a larger difference is worked off over several passes.
+pub const BURST_REPLICAS: usize = 500;
+
+/// The batches in which one pass creates `missing` pods: 1, 2, 4, ... then the remainder, at
+/// most [`BURST_REPLICAS`] in all. A batch's pods are created concurrently and a batch with a
+/// failure ends the pass, so a server that refuses every pod (a quota, a webhook) costs one
+/// call rather than hundreds, while a healthy one sees the pods quickly.
+pub fn slow_start_batches(missing: usize) -> Vec<usize> {
+    let mut left = missing.min(BURST_REPLICAS);
+    let mut batches = Vec::new();
+    let mut size = 1;
+    while left > 0 {
+        let batch = size.min(left);
+        batches.push(batch);
+        left -= batch;
+        size *= 2;
+    }
+    batches
 }
 
 /// What one pass does to a ReplicaSet.
@@ -246,16 +269,30 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
     }
     let plan = plan(&rs, &owned, Timestamp::now());
     let template = pod_from_template(&rs);
-    for _ in 0..plan.create {
-        match pods_api.create(&PostParams::default(), &template).await {
-            Ok(_) => {}
-            // The namespace is terminating, or a quota refuses: the next change retries.
-            Err(e) if is_status(&e, 403) || is_status(&e, 409) => break,
-            Err(e) => return Err(e.into()),
+    // Beyond the burst cap, the rest is for the next pass, which need not wait for a change.
+    let mut capped = plan.create > BURST_REPLICAS || plan.delete.len() > BURST_REPLICAS;
+    let (post, delete) = (PostParams::default(), DeleteParams::default());
+    for size in slow_start_batches(plan.create) {
+        let created = join_all((0..size).map(|_| pods_api.create(&post, &template))).await;
+        let mut refused = false;
+        for result in created {
+            match result {
+                Ok(_) => {}
+                // The namespace is terminating, or a quota or webhook refuses: the next
+                // change retries.
+                Err(e) if is_status(&e, 403) || is_status(&e, 409) => refused = true,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if refused {
+            capped = false;
+            break;
         }
     }
-    for name in &plan.delete {
-        match pods_api.delete(name, &DeleteParams::default()).await {
+    let doomed = &plan.delete[..plan.delete.len().min(BURST_REPLICAS)];
+    let deleted = join_all(doomed.iter().map(|name| pods_api.delete(name, &delete))).await;
+    for result in deleted {
+        match result {
             Ok(_) => {}
             Err(e) if is_status(&e, 404) => {}
             Err(e) => return Err(e.into()),
@@ -276,7 +313,8 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(match plan.requeue {
+    let soon = capped.then_some(Duration::ZERO);
+    Ok(match soon.into_iter().chain(plan.requeue).min() {
         Some(after) => Action::requeue(after),
         None => Action::await_change(),
     })
@@ -392,6 +430,19 @@ mod tests {
         assert_eq!(p.status.available_replicas, Some(1));
         assert_eq!(p.status.fully_labeled_replicas, Some(2));
         assert_eq!(p.requeue, Some(Duration::from_secs(25)));
+    }
+
+    #[test]
+    fn creations_go_in_doubling_batches_capped_per_pass() {
+        assert_eq!(slow_start_batches(0), Vec::<usize>::new());
+        assert_eq!(slow_start_batches(1), [1]);
+        assert_eq!(slow_start_batches(7), [1, 2, 4]);
+        assert_eq!(slow_start_batches(10), [1, 2, 4, 3]);
+        assert_eq!(slow_start_batches(1000), [1, 2, 4, 8, 16, 32, 64, 128, 245]);
+        assert_eq!(
+            slow_start_batches(1000).iter().sum::<usize>(),
+            BURST_REPLICAS
+        );
     }
 
     #[test]
