@@ -130,7 +130,7 @@ pub async fn build_tunnel(
     loop {
         let outcome = exchange::consumer_step(
             &here,
-            &provider.client,
+            tether_controllers::providers::Remote::Direct(&provider.client),
             provider_id,
             &provider_ns,
             networking,

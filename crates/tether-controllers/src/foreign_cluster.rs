@@ -27,7 +27,8 @@ use crate::auth::protocol::{self, IdentityRequest, RevocationRequest};
 use crate::context::{Ctx, FIELD_MANAGER};
 use crate::kubeconfig::Stored;
 use crate::network::exchange::NetOutcome;
-use crate::providers::ProviderClients;
+use crate::offloading::watched::Watched;
+use crate::providers::{Access, ProviderClients};
 use crate::{Error, namespaces};
 
 pub mod status;
@@ -41,10 +42,16 @@ pub struct FcCtx {
     pub ctx: Arc<Ctx>,
     /// Provider API clients, shared with the offloading module.
     pub clients: Arc<ProviderClients>,
+    /// Watches of providers' tenant and twin namespaces, shared with the offloading module.
+    pub watched: Arc<Watched>,
     /// Failed first authentications, so that status writes (which trigger reconciles) do not
     /// turn into a retry loop: by ForeignCluster, the generation tried, when, and how long to
     /// wait. A new generation (a new token from `tether peer`) retries at once.
     attempts: Mutex<HashMap<String, Attempt>>,
+    /// The last successful ping of each provider: the identity's version and when. Passes
+    /// that status writes and watched changes trigger in between reuse it, so the link
+    /// carries one ping per interval.
+    pings: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl FcCtx {
@@ -53,7 +60,9 @@ impl FcCtx {
         Self {
             ctx,
             clients: Arc::new(ProviderClients::default()),
+            watched: Arc::new(Watched::default()),
             attempts: Mutex::new(HashMap::new()),
+            pings: Mutex::new(HashMap::new()),
         }
     }
 
@@ -784,9 +793,18 @@ async fn network_step(
         }
     };
     let in_band = fc.spec.provider.as_ref().is_some_and(|p| p.in_band);
+    let access = Access {
+        client: provider,
+        namespace: s.remote_namespace.clone(),
+        version: version.to_owned(),
+    };
     match crate::network::exchange::consumer_step(
         &crate::network::exchange::Consumer::of(&fctx.ctx, in_band),
-        &provider,
+        crate::providers::Remote::Watched {
+            watched: &fctx.watched,
+            id: remote,
+            access: &access,
+        },
         remote,
         &s.remote_namespace,
         &fc.spec.networking,
@@ -817,7 +835,16 @@ fn identity_status(s: &Stored, local_ns: &str) -> IdentityStatus {
 }
 
 /// Checks the provider's API server with the identity: lists ResourceSlices in the tenant
-/// namespace, which the tenant role allows. Sets APIServerReachable.
+/// namespace, which the tenant role allows, with a selector no object matches, so that the
+/// answer (every ping interval, over the link) carries no object. Sets APIServerReachable.
+/// A label no object carries: the ping's list proves the identity is accepted and allowed
+/// without sending any object back.
+const PING_SELECTOR: &str = "tether.dev/ping-matches-nothing";
+
+/// A pass this close to a full ping interval after the last ping pings again: the pass the
+/// interval's requeue brings must not find the last answer still fresh.
+const PING_SLACK: Duration = Duration::from_secs(1);
+
 async fn ping(
     fctx: &FcCtx,
     remote: &ClusterId,
@@ -825,6 +852,19 @@ async fn ping(
     version: &str,
     st: &mut ForeignClusterStatus,
 ) -> bool {
+    let fresh = fctx.ctx.settings.ping_interval.saturating_sub(PING_SLACK);
+    let reachable = conditions::find(&st.conditions, types::API_SERVER_REACHABLE)
+        .is_some_and(|c| c.status == Status::True.as_str());
+    if reachable
+        && fctx
+            .pings
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(remote.as_str())
+            .is_some_and(|(v, at)| v == version && at.elapsed() < fresh)
+    {
+        return true;
+    }
     let result = match fctx
         .clients
         .get(remote.as_str(), version, &s.kubeconfig)
@@ -835,7 +875,7 @@ async fn ping(
             let api: Api<ResourceSlice> = Api::namespaced(client, &s.remote_namespace);
             match tokio::time::timeout(
                 Duration::from_secs(5),
-                api.list(&ListParams::default().limit(1)),
+                api.list(&ListParams::default().labels(PING_SELECTOR).limit(1)),
             )
             .await
             {
@@ -867,6 +907,16 @@ async fn ping(
         ),
         Err((reason, e)) => (Status::False, *reason, e.clone()),
     };
+    let mut pings = fctx.pings.lock().unwrap_or_else(PoisonError::into_inner);
+    if result.is_ok() {
+        pings.insert(
+            remote.as_str().to_owned(),
+            (version.to_owned(), Instant::now()),
+        );
+    } else {
+        pings.remove(remote.as_str());
+    }
+    drop(pings);
     conditions::set(
         &mut st.conditions,
         types::API_SERVER_REACHABLE,

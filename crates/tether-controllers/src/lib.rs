@@ -6,6 +6,7 @@
 //! (`auth::protocol`, `auth::ratelimit`, `auth::csr`, `kubeconfig`, `publisher`'s address
 //! functions, `foreign_cluster::status`), and apply with server-side apply.
 
+pub mod applied;
 pub mod auth;
 pub mod context;
 pub mod foreign_cluster;

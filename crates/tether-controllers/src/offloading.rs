@@ -65,12 +65,16 @@ pub struct OffCtx {
     /// When the ServiceAccount tokens reflected for offloaded pods expire.
     pub tokens: tokens::Minted,
     /// What providers hold in twin namespaces, watched.
-    pub watched: watched::Watched,
+    pub watched: Arc<watched::Watched>,
 }
 
 impl OffCtx {
     /// State for one leader term.
-    pub fn new(ctx: Arc<Ctx>, providers: Arc<ProviderClients>) -> Self {
+    pub fn new(
+        ctx: Arc<Ctx>,
+        providers: Arc<ProviderClients>,
+        watched: Arc<watched::Watched>,
+    ) -> Self {
         Self {
             local: local::Local::new(ctx.client.clone()),
             ctx,
@@ -80,7 +84,7 @@ impl OffCtx {
             shadow_pods: shadow_pods::Stores::default(),
             nodes: virtual_nodes::Tasks::default(),
             tokens: tokens::Minted::default(),
-            watched: watched::Watched::default(),
+            watched,
         }
     }
 }

@@ -7,12 +7,14 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde::Serialize;
 use tether_api::ClusterId;
 use tether_api::names::{self, objects};
 
-use crate::Error;
 use crate::kubeconfig::Stored;
+use crate::offloading::watched::{Watchable, Watched};
+use crate::{Error, applied};
 
 /// Clients for providers' API servers, rebuilt when the kubeconfig Secret changes.
 #[derive(Default)]
@@ -158,5 +160,87 @@ impl ProviderClients {
             namespace: stored.remote_namespace,
             version,
         }))
+    }
+}
+
+/// How a pass reaches a provider's objects.
+#[derive(Clone, Copy)]
+pub enum Remote<'a> {
+    /// Reads each object with a request: a one-off pass (`tether peer --in-band`, with an
+    /// admin client of the provider).
+    Direct(&'a kube::Client),
+    /// Reads the controller's watched copies and writes only what differs from them, so that
+    /// the passes of a steady peering, which re-assert the same intent every few seconds,
+    /// send nothing over the link.
+    Watched {
+        /// The open watches.
+        watched: &'a Watched,
+        /// The provider.
+        id: &'a ClusterId,
+        /// The identity it issued, and the tenant namespace there.
+        access: &'a Access,
+    },
+}
+
+impl Remote<'_> {
+    /// The client the writes go through.
+    pub fn client(&self) -> &kube::Client {
+        match self {
+            Self::Direct(c) => c,
+            Self::Watched { access, .. } => &access.client,
+        }
+    }
+
+    /// The `K` named `name` in `ns` there. Through watches, the first read of a kind in a
+    /// namespace waits for the watch's first listing.
+    pub async fn get<K: Watchable>(&self, ns: &str, name: &str) -> Result<Option<K>, kube::Error> {
+        match self {
+            Self::Direct(c) => Api::<K>::namespaced((*c).clone(), ns).get_opt(name).await,
+            Self::Watched {
+                watched,
+                id,
+                access,
+            } => match watched.get::<K>(id, access, ns, name).await {
+                Ok(found) => Ok(found.map(|k| (*k).clone())),
+                Err(e) => Err(kube::Error::Service(Box::new(e))),
+            },
+        }
+    }
+
+    /// Server-side applies `body` to the `K` named `name` in `ns` there, unless the watched
+    /// copy already holds all of it ([`applied::holds`]); the object as it now stands.
+    pub async fn apply<K: Watchable + Serialize>(
+        &self,
+        ns: &str,
+        name: &str,
+        params: &PatchParams,
+        body: &impl Serialize,
+    ) -> Result<K, kube::Error> {
+        let body = serde_json::to_value(body).map_err(kube::Error::SerdeError)?;
+        if matches!(self, Self::Watched { .. })
+            && let Some(current) = self.get::<K>(ns, name).await?
+            && applied::holds_in(&body, &current)
+        {
+            return Ok(current);
+        }
+        Api::<K>::namespaced(self.client().clone(), ns)
+            .patch(name, params, &Patch::Apply(&body))
+            .await
+    }
+
+    /// Deletes the `K` named `name` in `ns` there, if it is there (a 404 is success).
+    /// Through watches, one the copy does not show is not asked for.
+    pub async fn delete<K: Watchable>(&self, ns: &str, name: &str) -> Result<(), kube::Error> {
+        if matches!(self, Self::Watched { .. }) && self.get::<K>(ns, name).await?.is_none() {
+            return Ok(());
+        }
+        match Api::<K>::namespaced(self.client().clone(), ns)
+            .delete(name, &DeleteParams::default())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }

@@ -145,6 +145,7 @@ impl Replica {
         let client = ctx.client.clone();
         let fctx = Arc::new(FcCtx::new(ctx.clone()));
         let providers = fctx.clients.clone();
+        let watched = fctx.watched.clone();
         let fcs: Api<ForeignCluster> = Api::all(client.clone());
         let tenants: Api<Tenant> = Api::all(client.clone());
         let this = ctx.cluster_id().as_str().to_owned();
@@ -215,8 +216,10 @@ impl Replica {
         .graceful_shutdown_on(stop.clone().cancelled_owned())
         .run(gateway::reconcile_client, net_error_policy, nctx.clone())
         .for_each(|_| async {});
-        let off_run =
-            crate::offloading::run(Arc::new(OffCtx::new(ctx.clone(), providers)), stop.clone());
+        let off_run = crate::offloading::run(
+            Arc::new(OffCtx::new(ctx.clone(), providers, watched)),
+            stop.clone(),
+        );
         let housekeeping = {
             let ctx = ctx.clone();
             let stop = stop.clone();

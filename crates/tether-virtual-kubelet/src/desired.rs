@@ -159,6 +159,22 @@ impl Probes {
     }
 }
 
+impl Probes {
+    /// How long after `now` the provider's health turns unreachable if no answer comes: the
+    /// node task wakes then, so that NotReady follows `unreachable_after` to the moment
+    /// rather than to the next probe. `None` while no such turn is pending.
+    pub fn unreachable_in(&self, now: Timestamp, unreachable_after: Duration) -> Option<Duration> {
+        let since = match (self.last_answer, self.client_since) {
+            (Some(answer), _) => answer,
+            (None, Some(client)) if self.last_error.is_none() => client,
+            _ => return None,
+        };
+        let left = unreachable_after.checked_sub(age(since, now))?;
+        // Health turns once the age is strictly beyond the limit.
+        Some(left + Duration::from_millis(1))
+    }
+}
+
 fn age(then: Timestamp, now: Timestamp) -> Duration {
     Duration::try_from(now.duration_since(then)).unwrap_or(Duration::ZERO)
 }

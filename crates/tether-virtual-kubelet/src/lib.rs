@@ -40,11 +40,13 @@ pub struct Timing {
 impl Default for Timing {
     fn default() -> Self {
         Self {
-            // Every probe crosses the link between the clusters: at one a second they alone
-            // were several kbit/s per virtual node. A provider silent for seven seconds is
-            // unreachable: one lost probe (3 s apart, 2 s timeout) is forgiven, two are not,
-            // and a frozen provider still turns the node NotReady within ten.
-            probe_interval: Duration::from_secs(3),
+            // Every probe crosses the link between the clusters, about 550 bytes with TCP's
+            // and TLS's overhead: every 4 s that is 1.1 kbit/s per virtual node, most of an
+            // idle peering's traffic. A provider silent for 7 s is unreachable: one lost
+            // probe is forgiven (it times out after 2 s and is retried at once, so the next
+            // answer comes about 6 s after the last), two are not; the node task wakes when
+            // the 7 s end, so a frozen provider turns the node NotReady within ten.
+            probe_interval: Duration::from_secs(4),
             probe_timeout: Duration::from_secs(2),
             unreachable_after: Duration::from_secs(7),
             lease_renew: Duration::from_secs(10),

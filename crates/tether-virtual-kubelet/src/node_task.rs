@@ -164,6 +164,12 @@ pub(crate) async fn run(inputs: Inputs) {
             }
         }
         let mut wake = Instant::now() + timing.probe_interval;
+        if let Some(left) = probes
+            .borrow()
+            .unreachable_in(Timestamp::now(), timing.unreachable_after)
+        {
+            wake = wake.min(Instant::now() + left);
+        }
         if listing_due {
             wake = wake.min(started + FIRST_LISTING);
         }

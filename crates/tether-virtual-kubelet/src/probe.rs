@@ -1,6 +1,7 @@
 //! The provider probe: asks the provider's API server whether it is ready (`/readyz`, the
 //! smallest answer it gives, open to every identity) every probe interval, under a timeout,
-//! and records answers and errors for the node task. It runs apart from the node task so that
+//! and once more at once after a first failure, and records answers and errors for the node
+//! task. It runs apart from the node task so that
 //! a provider that hangs never delays the Node's writes or its Lease.
 
 use k8s_openapi::jiff::Timestamp;
@@ -72,6 +73,12 @@ pub(crate) async fn run(
                 timing.probe_timeout.as_millis()
             )),
         };
+        // The first failure after an answer is checked again at once rather than a whole
+        // interval later: one lost probe is then forgiven within `unreachable_after` (the
+        // retry answers about interval + timeout after the last answer).
+        if error.is_some() && out.borrow().last_error.is_none() {
+            tick.reset_immediately();
+        }
         out.send_modify(|p| match error {
             None => {
                 if p.last_error.is_some() {

@@ -2,14 +2,15 @@
 //! through the tenant namespace there, asks for the gateway at the chosen side, copies the
 //! public keys and the server's endpoint across, and reports the tunnel's state.
 
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use tether_api::ClusterId;
 use tether_api::conditions::Status;
 use tether_api::core::{GatewayServerSide, NetworkingOptions, NetworkingStatus};
 use tether_api::names::{self, annotations, objects};
 use tether_api::networking::{
-    Configuration, Connection, ConnectionState, Endpoint, GatewayClient, GatewayServer, GatewayType,
+    ClusterCidrs, Configuration, Connection, ConnectionState, Endpoint, GatewayClient,
+    GatewayServer, GatewayType,
 };
 
 use super::local;
@@ -17,6 +18,8 @@ use super::server_side::{self, Seen};
 use crate::Error;
 use crate::context::Ctx;
 use crate::namespaces::peer_labels;
+use crate::offloading::watched::Watchable;
+use crate::providers::Remote;
 
 /// The field manager of what the consumer writes in its provider's cluster.
 const CONSUMER_MANAGER: &str = "tether-consumer";
@@ -121,13 +124,13 @@ impl Consumer {
     }
 }
 
-/// One pass of the consumer's networking step. `provider` is a client with the identity the
-/// provider issued (or, from `tether peer --in-band`, an admin client of the provider);
+/// One pass of the consumer's networking step. `provider` reaches the provider with the
+/// identity it issued (or, from `tether peer --in-band`, with an admin client there);
 /// `remote_ns` is this cluster's tenant namespace there. `record` is the ForeignCluster's
 /// `status.networking` (which side listens, and why), updated in place.
 pub async fn consumer_step(
     ctx: &Consumer,
-    provider: &kube::Client,
+    provider: Remote<'_>,
     remote: &ClusterId,
     remote_ns: &str,
     options: &NetworkingOptions,
@@ -142,16 +145,12 @@ pub async fn consumer_step(
     let ours = local.to_cluster_cidrs(own);
 
     // 1. Our CIDRs into the provider's copy; its CIDRs come back in that copy's spec.local.
-    let there = api::<Configuration>(provider, remote_ns)
-        .patch(
+    let there: Configuration = provider
+        .apply(
+            remote_ns,
             own.as_str(),
             &PatchParams::apply(PEER_MANAGER).force(),
-            &Patch::Apply(json!({
-                "apiVersion": "networking.tether.dev/v1alpha1",
-                "kind": "Configuration",
-                "metadata": { "name": own.as_str(), "labels": peer_labels(own) },
-                "spec": { "remote": ours },
-            })),
+            &configuration_there(own, &ours),
         )
         .await
         .map_err(Error::kube(format!(
@@ -198,8 +197,8 @@ pub async fn consumer_step(
 
     // 3. The gateways, unless the other direction of a two-way peering runs the tunnel.
     let found = [
-        tunnel_consumer::<GatewayServer>(&ctx.client, &local_ns).await?,
-        tunnel_consumer::<GatewayClient>(&ctx.client, &local_ns).await?,
+        tunnel_consumer::<GatewayServer>(Remote::Direct(&ctx.client), &local_ns).await?,
+        tunnel_consumer::<GatewayClient>(Remote::Direct(&ctx.client), &local_ns).await?,
         tunnel_consumer::<GatewayServer>(provider, remote_ns).await?,
         tunnel_consumer::<GatewayClient>(provider, remote_ns).await?,
     ];
@@ -390,6 +389,16 @@ fn in_band(mut spec: serde_json::Value, on: bool) -> serde_json::Value {
     spec
 }
 
+/// This cluster's CIDRs, for the copy of the Configuration in the provider's cluster.
+fn configuration_there(own: &ClusterId, ours: &ClusterCidrs) -> serde_json::Value {
+    json!({
+        "apiVersion": "networking.tether.dev/v1alpha1",
+        "kind": "Configuration",
+        "metadata": { "name": own.as_str(), "labels": peer_labels(own) },
+        "spec": { "remote": ours },
+    })
+}
+
 fn object(
     kind: &str,
     labels_for: &ClusterId,
@@ -410,18 +419,11 @@ fn object(
 
 /// The gateway of kind `K` in `ns`, if any: `Some(annotation)`, the annotation being the
 /// consumer that manages its tunnel. A namespace the identity cannot read counts as empty.
-async fn tunnel_consumer<K>(
-    client: &kube::Client,
+async fn tunnel_consumer<K: Watchable>(
+    cluster: Remote<'_>,
     ns: &str,
-) -> Result<Option<Option<String>>, Error>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match api::<K>(client, ns).get_opt(objects::GATEWAY).await {
+) -> Result<Option<Option<String>>, Error> {
+    match cluster.get::<K>(ns, objects::GATEWAY).await {
         Ok(found) => Ok(found
             .filter(|g| g.meta().deletion_timestamp.is_none())
             .map(|g| {
@@ -439,28 +441,17 @@ where
 }
 
 /// Deletes a leftover gateway of the other kind (the side was switched).
-async fn delete_other<K>(client: &kube::Client, ns: &str) -> Result<(), Error>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    <K as kube::Resource>::DynamicType: Default,
-{
-    match api::<K>(client, ns)
-        .delete(objects::GATEWAY, &DeleteParams::default())
+async fn delete_other<K: Watchable>(cluster: Remote<'_>, ns: &str) -> Result<(), Error> {
+    cluster
+        .delete::<K>(ns, objects::GATEWAY)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube(format!("deleting the old gateway in {ns}"))(e)),
-    }
+        .map_err(Error::kube(format!("deleting the old gateway in {ns}")))
 }
 
 /// The provider listens: its GatewayServer (through the tenant identity), our GatewayClient.
 async fn server_there(
     ctx: &Consumer,
-    provider: &kube::Client,
+    provider: Remote<'_>,
     remote: &ClusterId,
     remote_ns: &str,
     local_ns: &str,
@@ -468,7 +459,7 @@ async fn server_there(
 ) -> Result<Option<NetOutcome>, Error> {
     let own = ctx.cluster_id();
     delete_other::<GatewayClient>(provider, remote_ns).await?;
-    delete_other::<GatewayServer>(&ctx.client, local_ns).await?;
+    delete_other::<GatewayServer>(Remote::Direct(&ctx.client), local_ns).await?;
     let our_client = api::<GatewayClient>(&ctx.client, local_ns)
         .get_opt(objects::GATEWAY)
         .await
@@ -479,16 +470,17 @@ async fn server_there(
     let client_key = our_client
         .as_ref()
         .and_then(|c| c.status.as_ref()?.public_key.clone());
-    let server = api::<GatewayServer>(provider, remote_ns)
-        .patch(
+    let server: GatewayServer = provider
+        .apply(
+            remote_ns,
             objects::GATEWAY,
             &apply_params(),
-            &Patch::Apply(object(
+            &object(
                 "GatewayServer",
                 own,
                 own,
                 in_band(server_spec(own, options, client_key.clone()), ctx.in_band),
-            )),
+            ),
         )
         .await
         .map_err(Error::kube(format!(
@@ -534,7 +526,7 @@ async fn server_there(
 /// The consumer listens: our GatewayServer, the provider's GatewayClient.
 async fn server_here(
     ctx: &Consumer,
-    provider: &kube::Client,
+    provider: Remote<'_>,
     remote: &ClusterId,
     remote_ns: &str,
     local_ns: &str,
@@ -542,9 +534,9 @@ async fn server_here(
 ) -> Result<Option<NetOutcome>, Error> {
     let own = ctx.cluster_id();
     delete_other::<GatewayServer>(provider, remote_ns).await?;
-    delete_other::<GatewayClient>(&ctx.client, local_ns).await?;
-    let their_client = api::<GatewayClient>(provider, remote_ns)
-        .get_opt(objects::GATEWAY)
+    delete_other::<GatewayClient>(Remote::Direct(&ctx.client), local_ns).await?;
+    let their_client = provider
+        .get::<GatewayClient>(remote_ns, objects::GATEWAY)
         .await
         .map_err(Error::kube(format!(
             "reading GatewayClient {remote_ns}/{} at {remote}",
@@ -580,11 +572,12 @@ async fn server_here(
             },
         )));
     };
-    api::<GatewayClient>(provider, remote_ns)
-        .patch(
+    provider
+        .apply::<GatewayClient>(
+            remote_ns,
             objects::GATEWAY,
             &apply_params(),
-            &Patch::Apply(object(
+            &object(
                 "GatewayClient",
                 own,
                 own,
@@ -592,7 +585,7 @@ async fn server_here(
                     client_spec(own, options, &dial(options, &endpoint), &server_key),
                     ctx.in_band,
                 ),
-            )),
+            ),
         )
         .await
         .map_err(Error::kube(format!(
@@ -644,6 +637,74 @@ mod tests {
             gamma [Some("beta"), Some("alpha")] -> Share { managed_by: "alpha" }
         "#]]
         .assert_eq(&out);
+    }
+
+    /// What the consumer applies in the provider's cluster reads back, through the typed
+    /// objects a watch yields, as already applied: otherwise every pass would write again.
+    #[test]
+    fn applied_bodies_hold_in_the_objects_they_make() {
+        let own = ClusterId::new("alpha").expect("cluster id");
+        let options = NetworkingOptions {
+            mtu: Some(1380),
+            ..NetworkingOptions::default()
+        };
+        let ours = ClusterCidrs {
+            cluster_id: own.to_string(),
+            cidr: tether_api::networking::Cidrs {
+                pod: vec!["10.0.0.0/16".into()],
+                service: vec!["10.96.0.0/12".into()],
+                external: vec![],
+            },
+        };
+        let endpoint = Endpoint {
+            addresses: vec!["198.18.0.10".into()],
+            port: 51820,
+        };
+        fn round_trip<K: serde::de::DeserializeOwned + serde::Serialize>(
+            body: &serde_json::Value,
+        ) -> bool {
+            let typed: K =
+                serde_json::from_value(body.clone()).expect("the body reads as its kind");
+            crate::applied::holds_in(body, &typed)
+        }
+        let bodies = [
+            ("Configuration", configuration_there(&own, &ours)),
+            (
+                "GatewayServer",
+                object(
+                    "GatewayServer",
+                    &own,
+                    &own,
+                    in_band(server_spec(&own, &options, Some("key".into())), true),
+                ),
+            ),
+            (
+                "GatewayClient",
+                object(
+                    "GatewayClient",
+                    &own,
+                    &own,
+                    client_spec(&own, &options, &endpoint, "key"),
+                ),
+            ),
+        ];
+        for (kind, body) in &bodies {
+            let holds = match *kind {
+                "Configuration" => round_trip::<Configuration>(body),
+                "GatewayServer" => round_trip::<GatewayServer>(body),
+                _ => round_trip::<GatewayClient>(body),
+            };
+            assert!(holds, "{kind}: {body}");
+        }
+        // And a changed intent does not: the pass writes it.
+        let before: GatewayServer = serde_json::from_value(bodies[1].1.clone()).expect("server");
+        let after = object(
+            "GatewayServer",
+            &own,
+            &own,
+            server_spec(&own, &options, Some("new".into())),
+        );
+        assert!(!crate::applied::holds_in(&after, &before));
     }
 
     proptest::proptest! {

@@ -25,6 +25,7 @@ use tether_api::offloading::{
 use super::OffCtx;
 use crate::Error;
 use crate::context::FIELD_MANAGER;
+use crate::providers::Remote;
 
 /// The only name a NamespaceOffloading may have in the namespace it offloads.
 pub const NAME: &str = "offloading";
@@ -284,13 +285,19 @@ async fn request_twin(
         },
         status: None,
     };
-    let remote: Api<NamespaceOffloading> = Api::namespaced(access.client, &access.namespace);
+    // Through the watched copy: a request the provider already holds is not sent again.
+    let remote = Remote::Watched {
+        watched: &octx.watched,
+        id: provider,
+        access: &access,
+    };
     let answered = match tokio::time::timeout(
         Duration::from_secs(5),
-        remote.patch(
+        remote.apply::<NamespaceOffloading>(
+            &access.namespace,
             ns,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&request),
+            &request,
         ),
     )
     .await

@@ -306,10 +306,29 @@ where
     first_error.map_or(Ok(()), Err)
 }
 
-/// What was last copied of each Event (namespace/name → its count and time), so an Event is
-/// written again only when it changed at the provider.
-static COPIED: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, String>>> =
+/// The provider's Events already dealt with, by namespace here and Event name: what each said
+/// when it was copied back, or found to be about nothing offloaded from here. An Event is
+/// looked at again only when it changes at the provider, so an idle namespace lists no pods
+/// for its Events.
+type Dealt = std::collections::HashMap<String, std::collections::HashMap<String, String>>;
+static COPIED: std::sync::LazyLock<std::sync::Mutex<Dealt>> =
     std::sync::LazyLock::new(Default::default);
+
+/// What an Event of the provider says, as far as its copy here goes.
+fn fingerprint(e: &Event) -> String {
+    format!(
+        "{:?}/{:?}/{:?}",
+        e.series.as_ref().map(|s| s.count),
+        e.event_time,
+        e.regarding.as_ref().and_then(|r| r.uid.as_deref())
+    )
+}
+
+fn dealt() -> std::sync::MutexGuard<'static, Dealt> {
+    COPIED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// Copies the provider's Events about the pods it runs for `ns` back to `ns`.
 async fn copy_events(
@@ -321,38 +340,55 @@ async fn copy_events(
     virtual_nodes: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ctx = &octx.ctx;
-    let remote: Vec<Event> = watched(octx, provider, access, twin).await?;
+    let remote = octx.watched.list::<Event>(provider, access, twin).await?;
+    // Only what changed since the last pass is planned, and the pods are listed for it alone.
+    let fresh: std::collections::HashMap<&str, (&Event, String)> = {
+        let mut all = dealt();
+        let seen = all.entry(ns.to_owned()).or_default();
+        let names: BTreeSet<&str> = remote
+            .iter()
+            .filter_map(|e| e.metadata.name.as_deref())
+            .collect();
+        // Events expire at the provider; so does what is remembered of them.
+        seen.retain(|name, _| names.contains(name.as_str()));
+        remote
+            .iter()
+            .filter_map(|e| Some((e.metadata.name.as_deref()?, (&**e, fingerprint(e)))))
+            .filter(|(name, (_, f))| seen.get(*name) != Some(f))
+            .collect()
+    };
+    if fresh.is_empty() {
+        return Ok(());
+    }
     let pods = list(
         &Api::<Pod>::namespaced(ctx.client.clone(), ns),
         &format!("pods in {ns}"),
     )
     .await?;
-    let wanted = plan::events(&remote, &pods, virtual_nodes, provider.as_str());
-    let local = Api::<Event>::namespaced(ctx.client.clone(), ns);
-    let fingerprint = |e: &Event| {
-        format!(
-            "{:?}/{:?}/{:?}",
-            e.series.as_ref().map(|s| s.count),
-            e.event_time,
-            e.regarding.as_ref().and_then(|r| r.uid.clone())
-        )
+    let wanted = plan::events(
+        fresh.values().map(|(e, _)| *e),
+        &pods,
+        virtual_nodes,
+        provider.as_str(),
+    );
+    let remember = |name: &str| {
+        if let Some((_, f)) = fresh.get(name) {
+            dealt()
+                .entry(ns.to_owned())
+                .or_default()
+                .insert(name.to_owned(), f.clone());
+        }
     };
-    let keys: BTreeSet<String> = wanted
+    // Those about no pod offloaded from here are not looked at again until they change.
+    let planned: BTreeSet<&str> = wanted
         .iter()
-        .map(|e| format!("{ns}/{}", e.name_any()))
+        .filter_map(|e| e.metadata.name.as_deref())
         .collect();
-    let todo: Vec<&Event> = {
-        let mut copied = COPIED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Events expire at the provider; so does what is remembered of them.
-        copied.retain(|k, _| !k.starts_with(&format!("{ns}/")) || keys.contains(k));
-        wanted
-            .iter()
-            .filter(|e| copied.get(&format!("{ns}/{}", e.name_any())) != Some(&fingerprint(e)))
-            .collect()
-    };
-    for e in todo {
+    for name in fresh.keys().filter(|n| !planned.contains(*n)) {
+        remember(name);
+    }
+    let local = Api::<Event>::namespaced(ctx.client.clone(), ns);
+    for e in &wanted {
         let name = e.name_any();
         let written = match local.create(&PostParams::default(), e).await {
             Err(kube::Error::Api(err)) if err.code == 409 => {
@@ -371,10 +407,7 @@ async fn copy_events(
         match written {
             Ok(()) => {
                 ctx.metrics.reflected("Event", "applied");
-                COPIED
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(format!("{ns}/{name}"), fingerprint(e));
+                remember(&name);
             }
             Err(err) => {
                 ctx.metrics.reflected("Event", "error");

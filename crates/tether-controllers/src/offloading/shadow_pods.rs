@@ -494,17 +494,17 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     }
-    report(
-        octx,
-        sp,
-        mirrored(
-            sp.status.as_ref(),
-            pod.status.as_ref(),
-            sp.metadata.generation,
-            now(),
-        ),
-    )
-    .await?;
+    let next = mirrored(
+        sp.status.as_ref(),
+        pod.status.as_ref(),
+        sp.metadata.generation,
+        now(),
+    );
+    let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let hold = held(sp.status.as_ref(), &next, created, now().0);
+    if hold.is_none() {
+        report(octx, sp, next).await?;
+    }
     if pod.metadata.deletion_timestamp.is_some() {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
@@ -540,7 +540,36 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
                 "updating the images of Pod {ns}/{name}"
             )))?;
     }
-    Ok(Action::await_change())
+    Ok(hold.map_or_else(Action::await_change, Action::requeue))
+}
+
+/// How long after its Pod's creation a ShadowPod's status may wait for the Pod to settle.
+/// Every status write goes whole to the consumer's watch, over the link: a pod that is Ready
+/// within this time costs one write instead of one per step (scheduled, started, ready).
+pub const HOLD: Duration = Duration::from_secs(1);
+
+/// How long the status change from `previous` to `next` waits, if it does: a change that
+/// neither makes nor ends readiness nor finishes the pod waits until the Pod (created at
+/// `created`) is [`HOLD`] old. `None`: write it now (or there is nothing to write).
+pub fn held(
+    previous: Option<&ShadowPodStatus>,
+    next: &ShadowPodStatus,
+    created: Option<k8s_openapi::jiff::Timestamp>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<Duration> {
+    if previous == Some(next) {
+        return None;
+    }
+    let ready = |s: Option<&ShadowPodStatus>| {
+        s.and_then(|s| conditions::find(&s.conditions, types::READY))
+            .is_some_and(|c| c.status == Status::True.as_str())
+    };
+    let finished = next.phase.as_deref().is_some_and(terminal);
+    if ready(previous) != ready(Some(next)) || finished {
+        return None;
+    }
+    let age = Duration::try_from(now.duration_since(created?)).unwrap_or(Duration::ZERO);
+    HOLD.checked_sub(age).filter(|left| !left.is_zero())
 }
 
 /// Admits `sp` within its consumer's grant and creates its Pod, or rejects it. Decisions
@@ -750,6 +779,82 @@ mod tests {
                 "container \"app\": privileged".to_owned(),
             ]
         );
+    }
+
+    /// One line per case: the step a pod takes at the provider, its age, and whether its
+    /// ShadowPod's status is written now or held for how long.
+    #[test]
+    fn only_readiness_and_the_end_skip_the_hold() {
+        let pod = |phase: &str, ready: Option<&str>| PodStatus {
+            phase: Some(phase.into()),
+            conditions: ready.map(|r| {
+                vec![PodCondition {
+                    type_: "Ready".into(),
+                    status: r.into(),
+                    ..Default::default()
+                }]
+            }),
+            ..Default::default()
+        };
+        let created = t(100).0;
+        let none = mirrored(None, None, Some(1), t(100));
+        let scheduled = mirrored(Some(&none), Some(&pod("Pending", None)), Some(1), t(100));
+        let unready = mirrored(
+            Some(&scheduled),
+            Some(&pod("Running", Some("False"))),
+            Some(1),
+            t(100),
+        );
+        let ready = mirrored(
+            Some(&unready),
+            Some(&pod("Running", Some("True"))),
+            Some(1),
+            t(100),
+        );
+        let done = mirrored(
+            Some(&ready),
+            Some(&pod("Succeeded", Some("False"))),
+            Some(1),
+            t(100),
+        );
+        let ms = |n: i64| created + k8s_openapi::jiff::SignedDuration::from_millis(n);
+        let cases = [
+            ("first report, at 0.2 s", None, &scheduled, ms(200)),
+            (
+                "started, not ready, at 0.6 s",
+                Some(&scheduled),
+                &unready,
+                ms(600),
+            ),
+            (
+                "started, not ready, at 1.5 s",
+                Some(&scheduled),
+                &unready,
+                ms(1500),
+            ),
+            ("ready at 0.3 s", Some(&scheduled), &ready, ms(300)),
+            ("no longer ready at 0.3 s", Some(&ready), &unready, ms(300)),
+            ("finished at 0.3 s", Some(&ready), &done, ms(300)),
+            ("unchanged at 0.3 s", Some(&ready), &ready, ms(300)),
+        ];
+        let out: String = cases
+            .iter()
+            .map(|(what, prev, next, now)| {
+                format!("{what}: {:?}\n", held(*prev, next, Some(created), *now))
+            })
+            .collect();
+        expect_test::expect![[r#"
+            first report, at 0.2 s: Some(800ms)
+            started, not ready, at 0.6 s: Some(400ms)
+            started, not ready, at 1.5 s: None
+            ready at 0.3 s: None
+            no longer ready at 0.3 s: None
+            finished at 0.3 s: None
+            unchanged at 0.3 s: None
+        "#]]
+        .assert_eq(&out);
+        // Without a creation time nothing is held.
+        assert_eq!(held(Some(&scheduled), &unready, None, ms(100)), None);
     }
 
     #[test]

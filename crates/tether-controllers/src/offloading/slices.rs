@@ -25,6 +25,7 @@ use tether_resources::{Decision, NodeFacts, Resources};
 use super::OffCtx;
 use crate::Error;
 use crate::context::FIELD_MANAGER;
+use crate::providers::Remote;
 
 /// How often a consumer re-reads its provider's answer once it has one: the answer changes
 /// only when the consumer changes its request, which triggers a reconcile by itself.
@@ -155,13 +156,19 @@ async fn request(slice: &ResourceSlice, octx: &OffCtx) -> Result<Action, Error> 
         spec: slice.spec.clone(),
         status: None,
     };
-    let remote: Api<ResourceSlice> = Api::namespaced(access.client.clone(), &access.namespace);
+    // Through the watched copy: a request the provider already holds is not sent again.
+    let remote = Remote::Watched {
+        watched: &octx.watched,
+        id: &provider,
+        access: &access,
+    };
     let answered = match tokio::time::timeout(
         Duration::from_secs(5),
-        remote.patch(
+        remote.apply::<ResourceSlice>(
+            &access.namespace,
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&copy),
+            &copy,
         ),
     )
     .await

@@ -2,7 +2,7 @@
 //! namespace and kind, opened on first use with the tenant identity and kept while it is
 //! used. Pod reflection and namespace reflection read these instead of asking the provider on
 //! every pass, so an idle offloaded namespace costs the link between the clusters only its
-//! open watches, whatever the number of pods. Every change a watch sees is also announced
+//! open watches, whatever the number of pods. Every change of a ShadowPod is also announced
 //! ([`Watched::subscribe`]), so a reflector acts on a provider's status as it arrives rather
 //! than when it next looks.
 
@@ -13,12 +13,15 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::events::v1::Event;
 use kube::Resource;
-use kube::api::Api;
+use kube::api::{Api, ObjectMeta};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
+use tether_api::offloading::ShadowPod;
 
 use crate::Error;
 use crate::providers::Access;
@@ -71,8 +74,10 @@ impl Drop for Entry {
 }
 
 /// How many changes a slow subscriber may fall behind before it misses some (it then finds
-/// them on its next periodic pass).
-const CHANGES: usize = 8192;
+/// them on its next periodic pass). Every slot is allocated up front and holds its last
+/// change until overwritten, so this is memory the process keeps. Only ShadowPod changes
+/// are sent, three or four per pod on its way to Ready, so a burst of a thousand pods fits.
+const CHANGES: usize = 4096;
 
 /// One object a provider's watch saw change (applied or deleted).
 #[derive(Clone, Debug)]
@@ -109,8 +114,39 @@ impl Default for Watched {
     }
 }
 
+/// Drops from a watched object what no reader of the store uses: managed fields, the bulk of
+/// any object; and of an Event (a burst leaves several per pod in a twin), all but what
+/// [`super::reflect`] copies back and compares.
+fn trim<K: Watchable>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+    let any: &mut dyn Any = o;
+    let Some(e) = any.downcast_mut::<Event>() else {
+        return;
+    };
+    let meta = std::mem::take(&mut e.metadata);
+    e.metadata = ObjectMeta {
+        name: meta.name,
+        namespace: meta.namespace,
+        resource_version: meta.resource_version,
+        ..ObjectMeta::default()
+    };
+    e.regarding = e.regarding.take().map(|r| ObjectReference {
+        kind: r.kind,
+        name: r.name,
+        uid: r.uid,
+        ..ObjectReference::default()
+    });
+    e.related = None;
+    e.reporting_controller = None;
+    e.reporting_instance = None;
+    e.deprecated_source = None;
+    e.deprecated_first_timestamp = None;
+    e.deprecated_last_timestamp = None;
+    e.deprecated_count = None;
+}
+
 impl Watched {
-    /// The changes every watch sees from now on.
+    /// The ShadowPod changes every watch sees from now on.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
         self.changes.subscribe()
     }
@@ -169,7 +205,7 @@ impl Watched {
         // Managed fields are the bulk of a stored object and nothing here reads them.
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
-            .modify(|o: &mut K| o.meta_mut().managed_fields = None)
+            .modify(trim::<K>)
             .reflect(writer);
         let (p, n) = (provider.to_string(), ns.to_owned());
         let changes = self.changes.clone();
@@ -177,7 +213,11 @@ impl Watched {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                    // Only ShadowPods are reacted to; a burst's Events, several per pod,
+                    // would push their changes out of the channel.
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o))
+                        if kind == std::any::type_name::<ShadowPod>() =>
+                    {
                         // Nobody listening is fine: readers still find it in the store.
                         let _ = changes.send(Change {
                             provider: p.clone(),

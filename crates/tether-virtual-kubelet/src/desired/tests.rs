@@ -268,6 +268,48 @@ fn provider_health_follows_the_probe_record() {
 }
 
 #[test]
+fn the_turn_to_unreachable_is_foreseen() {
+    let now = at("2026-11-27T09:00:10Z");
+    let after = Duration::from_secs(9);
+    let answered = Probes {
+        client_since: Some(at("2026-11-27T09:00:00Z")),
+        last_answer: Some(at("2026-11-27T09:00:07Z")),
+        last_error: Some("no answer within 2000ms".into()),
+    };
+    let left = answered.unreachable_in(now, after).expect("pending");
+    assert_eq!(left, Duration::from_millis(6001));
+    // At that moment, and not a millisecond before, the health has turned.
+    let turn = now + k8s_openapi::jiff::SignedDuration::try_from(left).expect("duration");
+    let before = turn - k8s_openapi::jiff::SignedDuration::from_millis(1);
+    assert_eq!(answered.health(before, after), ProviderHealth::Reachable);
+    assert!(matches!(
+        answered.health(turn, after),
+        ProviderHealth::Unreachable { .. }
+    ));
+    // Already unreachable, never answered after an error, or no client: nothing to foresee.
+    assert_eq!(
+        answered.unreachable_in(at("2026-11-27T09:00:17Z"), after),
+        None
+    );
+    let failed_first = Probes {
+        client_since: Some(at("2026-11-27T09:00:08Z")),
+        last_answer: None,
+        last_error: Some("connection refused".into()),
+    };
+    assert_eq!(failed_first.unreachable_in(now, after), None);
+    assert_eq!(Probes::default().unreachable_in(now, after), None);
+    // A new client not yet answered turns when its grace ends.
+    let fresh = Probes {
+        client_since: Some(at("2026-11-27T09:00:08Z")),
+        ..Probes::default()
+    };
+    assert_eq!(
+        fresh.unreachable_in(now, after),
+        Some(Duration::from_millis(7001))
+    );
+}
+
+#[test]
 fn labels_taints_and_drift() {
     let mut s = spec();
     let now = at("2026-11-27T09:00:00Z");

@@ -404,8 +404,8 @@ pub const EVENT_REPORTER: &str = "tether.dev/reflection";
 /// cluster: each becomes an Event of the same name about the pod here of that name (pods
 /// not on a virtual node are not the provider's), its reporting instance the provider.
 /// Events about anything else in the twin stay there.
-pub fn events(
-    remote: &[Event],
+pub fn events<'a>(
+    remote: impl IntoIterator<Item = &'a Event>,
     local_pods: &[Pod],
     virtual_nodes: &BTreeSet<String>,
     provider: &str,
@@ -421,7 +421,7 @@ pub fn events(
         .map(|p| (p.name_any(), p))
         .collect();
     remote
-        .iter()
+        .into_iter()
         .filter_map(|e| {
             let about = e.regarding.as_ref()?;
             if about.kind.as_deref() != Some("Pod") {
