@@ -834,9 +834,6 @@ fn identity_status(s: &Stored, local_ns: &str) -> IdentityStatus {
     }
 }
 
-/// Checks the provider's API server with the identity: lists ResourceSlices in the tenant
-/// namespace, which the tenant role allows, with a selector no object matches, so that the
-/// answer (every ping interval, over the link) carries no object. Sets APIServerReachable.
 /// A label no object carries: the ping's list proves the identity is accepted and allowed
 /// without sending any object back.
 const PING_SELECTOR: &str = "tether.dev/ping-matches-nothing";
@@ -845,6 +842,10 @@ const PING_SELECTOR: &str = "tether.dev/ping-matches-nothing";
 /// interval's requeue brings must not find the last answer still fresh.
 const PING_SLACK: Duration = Duration::from_secs(1);
 
+/// Checks the provider's API server with the identity: lists ResourceSlices in the tenant
+/// namespace, which the tenant role allows, with a selector no object matches, so that the
+/// answer (every ping interval, over the link) carries no object. Sets APIServerReachable.
+/// A pass within a ping interval of the last successful ping reuses its answer.
 async fn ping(
     fctx: &FcCtx,
     remote: &ClusterId,
