@@ -201,3 +201,61 @@ async fn node_selector_and_affinity_pick_the_matching_node() {
     );
     assert_eq!(other.name_any(), "other");
 }
+
+/// Bindings run in the background while the next pods are placed, so a burst is only right if
+/// each pod counts on its node from the moment it is chosen: two 1-CPU nodes take exactly ten
+/// 100m pods each, and the rest stay pending with the real message.
+#[tokio::test]
+async fn a_burst_fills_nodes_to_allocatable_while_bindings_are_in_flight() {
+    let (_cluster, client) = cluster().await;
+    create_node(&client, &node("n1", "1", "4Gi", json!({}))).await;
+    create_node(&client, &node("n2", "1", "4Gi", json!({}))).await;
+    let pods: Api<Pod> = Api::default_namespaced(client.clone());
+    let requests = json!({"containers": [{"name": "c", "image": "nginx",
+        "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}}}]});
+    let creates = (0..25).map(|i| {
+        let (pods, p) = (pods.clone(), pod(&format!("burst-{i}"), requests.clone()));
+        async move { pods.create(&PostParams::default(), &p).await }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.expect("create pod");
+    }
+    let (per_node, pending) = eventually("20 bound and 5 unschedulable", || async {
+        let listed = pods.list(&ListParams::default()).await.ok()?;
+        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+        let mut pending = Vec::new();
+        for p in &listed.items {
+            match node_of(p) {
+                Some(n) => *per_node.entry(n).or_default() += 1,
+                None => pending.push(condition(p, "PodScheduled").filter(|c| c.0 == "False")?),
+            }
+        }
+        (per_node.values().sum::<usize>() == 20 && pending.len() == 5)
+            .then_some((per_node, pending))
+    })
+    .await;
+    assert_eq!(
+        per_node,
+        BTreeMap::from([("n1".into(), 10), ("n2".into(), 10)])
+    );
+    for (_, reason, message) in pending {
+        assert_eq!(reason, "Unschedulable");
+        assert_eq!(
+            message,
+            "0/2 nodes are available: 2 Insufficient cpu. preemption: 0/2 nodes are available: \
+             2 No preemption victims found for incoming pod."
+        );
+    }
+    // Every bound pod got its Scheduled event from its binding.
+    let events: Api<Event> = Api::namespaced(client.clone(), "default");
+    eventually("20 Scheduled events", || async {
+        let listed = events.list(&ListParams::default()).await.ok()?;
+        let scheduled = listed
+            .items
+            .iter()
+            .filter(|e| e.reason.as_deref() == Some("Scheduled"))
+            .count();
+        (scheduled == 20).then_some(())
+    })
+    .await;
+}

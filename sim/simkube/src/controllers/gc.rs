@@ -43,7 +43,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{ServedResource, discover, is_status, pause};
+use super::{Pace, ServedResource, discover, is_status, pause};
 
 /// Finalizer that asks for foreground cascading deletion.
 pub const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
@@ -481,6 +481,7 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
     let mut warned: HashSet<(String, String)> = HashSet::new();
     let mut next_discovery = tokio::time::Instant::now();
     let mut rediscover_soon = false;
+    let mut pace = Pace::new();
 
     loop {
         if tokio::time::Instant::now() >= next_discovery {
@@ -501,9 +502,14 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
                 }
             }
         }
+        pace.ready().await;
+        let started = tokio::time::Instant::now();
         let scopes = scopes_of(&watched);
         let graph = snapshot(&shared);
-        for action in graph.plan(&scopes) {
+        let actions = graph.plan(&scopes);
+        // Only the planning counts: the deletions' round trips cost this process nothing.
+        pace.passed(started);
+        for action in actions {
             if shutdown.is_cancelled() {
                 break;
             }

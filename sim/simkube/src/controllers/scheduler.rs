@@ -26,10 +26,11 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, Resource as _, ResourceExt as _};
 use rand::Rng as _;
 use serde_json::json;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::persistent_volumes::ANN_SELECTED_NODE;
-use super::{is_status, recorder, watch_pods_and_nodes};
+use super::{Pace, is_status, recorder, watch_pods_and_nodes};
 
 pub mod volume_binding;
 
@@ -370,11 +371,16 @@ impl<'a> NodeUsage<'a> {
 
     /// Accounts for `pod` being bound here.
     pub fn add(&mut self, pod: &Pod) {
-        for (name, v) in pod_requests(pod, false) {
-            *self.requested.entry(name).or_default() += v;
+        self.add_requests(&PodRequests::of(pod));
+    }
+
+    /// Accounts for a pod that asks for `requests` being bound here.
+    pub fn add_requests(&mut self, requests: &PodRequests) {
+        for (name, v) in &requests.plain {
+            *self.requested.entry(name.clone()).or_default() += v;
         }
-        for (name, v) in pod_requests(pod, true) {
-            *self.requested_non_zero.entry(name).or_default() += v;
+        for (name, v) in &requests.non_zero {
+            *self.requested_non_zero.entry(name.clone()).or_default() += v;
         }
         self.pods += 1;
     }
@@ -469,6 +475,25 @@ pub enum Decision {
     Bind(String),
     /// No node fits; the `PodScheduled` message.
     Unschedulable(String),
+}
+
+/// What a pod asks for, as [`pod_requests`] gives it without and with the scoring defaults.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodRequests {
+    /// The requests.
+    pub plain: Resources,
+    /// The requests with the scoring defaults for containers without requests.
+    pub non_zero: Resources,
+}
+
+impl PodRequests {
+    /// Reads them from the pod's spec.
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            plain: pod_requests(pod, false),
+            non_zero: pod_requests(pod, true),
+        }
+    }
 }
 
 /// Picks the best node for `pod`: the highest least-allocated score among the nodes that pass
@@ -636,17 +661,23 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
     let changes = futures::stream::select(pod_node_changes, volume_changes);
     let mut changes = std::pin::pin!(changes);
     let mut scheduler = Scheduler {
-        recorder: recorder(client.clone(), DEFAULT_SCHEDULER),
-        client,
-        assumed: HashMap::new(),
+        binder: Binder {
+            recorder: recorder(client.clone(), DEFAULT_SCHEDULER),
+            client,
+            slots: Arc::new(Semaphore::new(BINDINGS_IN_FLIGHT)),
+        },
+        assumed: Assumed::default(),
         waiting: HashMap::new(),
+        requests: HashMap::new(),
     };
+    let mut pace = Pace::new();
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             change = changes.next() => if change.is_none() { return },
             () = tokio::time::sleep(RESYNC) => {}
         }
+        pace.ready().await;
         while let Some(Some(())) = changes.next().now_or_never() {}
         let ready = pods.wait_until_ready().now_or_never().is_some()
             && nodes.wait_until_ready().now_or_never().is_some()
@@ -655,25 +686,48 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
             && classes.wait_until_ready().now_or_never().is_some();
         if ready {
             let view = VolumeView::new(claims.state(), volumes.state(), classes.state());
-            scheduler.pass(&pods, &nodes, &view).await;
+            scheduler.pass(&pods, &nodes, &view, &mut pace).await;
         }
     }
 }
 
 struct Scheduler {
-    client: Client,
-    recorder: Recorder,
-    /// Pods bound by this scheduler that the watch has not shown bound yet (uid → node), so a
-    /// second pass in between neither binds them twice nor forgets their requests.
-    assumed: HashMap<String, String>,
+    binder: Binder,
+    /// Pods bound by this scheduler, or being bound, that the watch has not shown bound yet
+    /// (uid → node), so a second pass in between neither binds them twice nor forgets their
+    /// requests. A binding that fails takes its pod out again.
+    assumed: Assumed,
     /// Pods whose node is chosen but whose `WaitForFirstConsumer` claims are not bound yet
     /// (uid → node, when chosen): bound once the claims are, or scheduled afresh after
     /// [`BIND_TIMEOUT`].
     waiting: HashMap<String, (String, Instant)>,
+    /// Each pod's requests as last read (uid → the pod object read and what it asks for): a
+    /// pass counts every bound pod, and a pod's object changes far less often than passes run.
+    requests: HashMap<String, (Arc<Pod>, Arc<PodRequests>)>,
 }
 
 impl Scheduler {
-    async fn pass(&mut self, pods: &Store<Pod>, nodes: &Store<Node>, view: &VolumeView) {
+    /// `pod`'s requests, read again only when the store holds a new object for it.
+    fn requests_of(&mut self, pod: &Arc<Pod>) -> Arc<PodRequests> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some((seen, requests)) = self.requests.get(&uid)
+            && Arc::ptr_eq(seen, pod)
+        {
+            return requests.clone();
+        }
+        let requests = Arc::new(PodRequests::of(pod));
+        self.requests.insert(uid, (pod.clone(), requests.clone()));
+        requests
+    }
+
+    async fn pass(
+        &mut self,
+        pods: &Store<Pod>,
+        nodes: &Store<Node>,
+        view: &VolumeView,
+        pace: &mut Pace,
+    ) {
+        let started = tokio::time::Instant::now();
         let pods = pods.state();
         let mut nodes: Vec<Arc<Node>> = nodes.state();
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
@@ -685,8 +739,9 @@ impl Scheduler {
             .collect();
         let live: std::collections::HashSet<String> =
             pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        self.assumed.retain(|uid, _| live.contains(uid));
+        self.assumed.lock().retain(|uid, _| live.contains(uid));
         self.waiting.retain(|uid, _| live.contains(uid));
+        self.requests.retain(|uid, _| live.contains(uid));
         let mut pending = Vec::new();
         for pod in &pods {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
@@ -696,20 +751,22 @@ impl Scheduler {
                 .and_then(|s| s.node_name.clone())
                 .filter(|n| !n.is_empty());
             if bound.is_some() {
-                self.assumed.remove(&uid);
+                self.assumed.lock().remove(&uid);
             }
-            match bound.or_else(|| self.assumed.get(&uid).cloned()) {
+            match bound.or_else(|| self.assumed.lock().get(&uid).cloned()) {
                 Some(node) => {
                     if !is_terminal(pod)
                         && let Some(&i) = index.get(&node)
                     {
-                        usage[i].add(pod);
+                        let requests = self.requests_of(pod);
+                        usage[i].add_requests(&requests);
                     }
                 }
                 None if wants_scheduling(pod) => {
                     // A pod waiting for its claims holds its place on the chosen node.
                     if let Some(&i) = self.waiting.get(&uid).and_then(|(n, _)| index.get(n)) {
-                        usage[i].add(pod);
+                        let requests = self.requests_of(pod);
+                        usage[i].add_requests(&requests);
                     }
                     pending.push(pod.clone());
                 }
@@ -727,6 +784,9 @@ impl Scheduler {
                     .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
             })
         });
+        // What follows is per pending pod, and waits on the API server; the accounting above
+        // is what grows with the cluster.
+        pace.passed(started);
         for pod in pending {
             let uid = pod.metadata.uid.clone().unwrap_or_default();
             let claims = match volume_binding::pre_filter(&pod, view) {
@@ -745,9 +805,8 @@ impl Scheduler {
                         .get(&node)
                         .is_some_and(|&i| claims.filter(usage[i].node).is_none());
                     if fits {
-                        if self.bind(&pod, &node).await {
-                            self.assumed.insert(uid, node);
-                        }
+                        // Its place on the node is already counted (it was waiting there).
+                        self.bind(pod, node).await;
                         continue;
                     }
                 } else if since.elapsed() < BIND_TIMEOUT {
@@ -762,19 +821,18 @@ impl Scheduler {
                 Decision::Bind(node) if !claims.all_bound() => {
                     if self.select_node(&claims, &node).await {
                         if let Some(&i) = index.get(&node) {
-                            usage[i].add(&pod);
+                            let requests = self.requests_of(&pod);
+                            usage[i].add_requests(&requests);
                         }
                         self.waiting.insert(uid, (node, Instant::now()));
                     }
                 }
                 Decision::Bind(node) => {
-                    if self.bind(&pod, &node).await {
-                        if let Some(&i) = index.get(&node) {
-                            usage[i].add(&pod);
-                        }
-                        self.assumed
-                            .insert(pod.metadata.uid.clone().unwrap_or_default(), node);
+                    if let Some(&i) = index.get(&node) {
+                        let requests = self.requests_of(&pod);
+                        usage[i].add_requests(&requests);
                     }
+                    self.bind(pod, node).await;
                 }
                 Decision::Unschedulable(message) => self.mark_unschedulable(&pod, &message).await,
             }
@@ -794,8 +852,10 @@ impl Scheduler {
             if current.map(String::as_str) == Some(node) {
                 continue;
             }
-            let api: Api<PersistentVolumeClaim> =
-                Api::namespaced(self.client.clone(), &claim.namespace().unwrap_or_default());
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(
+                self.binder.client.clone(),
+                &claim.namespace().unwrap_or_default(),
+            );
             let patch = json!({"metadata": {"annotations": {ANN_SELECTED_NODE: node}}});
             if let Err(error) = api
                 .patch(
@@ -812,6 +872,93 @@ impl Scheduler {
         all
     }
 
+    /// Assumes `pod` on `node` and binds it in the background, as kube-scheduler's binding
+    /// cycle runs apart from its scheduling cycle: the next pod is placed while this one's
+    /// binding is on its way. Waits only for a free binding slot.
+    async fn bind(&self, pod: Arc<Pod>, node: String) {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        self.assumed.lock().insert(uid.clone(), node.clone());
+        let Ok(slot) = self.binder.slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (binder, assumed) = (self.binder.clone(), self.assumed.clone());
+        tokio::spawn(async move {
+            let bound = binder.bind(&pod, &node).await;
+            drop(slot);
+            if !bound {
+                // Forgotten: the next pass places it afresh (or finds it gone).
+                assumed.lock().remove(&uid);
+            }
+        });
+    }
+
+    async fn mark_unschedulable(&self, pod: &Pod, message: &str) {
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
+        if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message)) {
+            return;
+        }
+        let namespace = pod.namespace().unwrap_or_default();
+        let api: Api<Pod> = Api::namespaced(self.binder.client.clone(), &namespace);
+        let patch = json!({"status": {"conditions": [{
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastProbeTime": null,
+            "lastTransitionTime": crate::timefmt::now_rfc3339(),
+        }]}});
+        match api
+            .patch_status(
+                &pod.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if is_status(&e, 404) => return,
+            Err(error) => tracing::warn!(%error, pod = %pod.name_any(), "cannot set PodScheduled"),
+        }
+        self.binder
+            .event(
+                pod,
+                EventType::Warning,
+                "FailedScheduling",
+                message.to_owned(),
+            )
+            .await;
+    }
+}
+
+/// Up to this many bindings are on their way at once (kube-scheduler's binding goroutines
+/// are bounded only by its client's rate limit, which simkube does not model).
+const BINDINGS_IN_FLIGHT: usize = 16;
+
+/// The pods assumed on a node ahead of the watch showing them bound (uid → node).
+#[derive(Clone, Default)]
+struct Assumed(Arc<std::sync::Mutex<HashMap<String, String>>>);
+
+impl Assumed {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, String>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// What a binding in the background needs.
+#[derive(Clone)]
+struct Binder {
+    client: Client,
+    recorder: Recorder,
+    slots: Arc<Semaphore>,
+}
+
+impl Binder {
     async fn bind(&self, pod: &Pod, node: &str) -> bool {
         let namespace = pod.namespace().unwrap_or_default();
         let name = pod.name_any();
@@ -856,46 +1003,6 @@ impl Scheduler {
                 false
             }
         }
-    }
-
-    async fn mark_unschedulable(&self, pod: &Pod, message: &str) {
-        let current = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == "PodScheduled"));
-        if current.is_some_and(|c| c.status == "False" && c.message.as_deref() == Some(message)) {
-            return;
-        }
-        let namespace = pod.namespace().unwrap_or_default();
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), &namespace);
-        let patch = json!({"status": {"conditions": [{
-            "type": "PodScheduled",
-            "status": "False",
-            "reason": "Unschedulable",
-            "message": message,
-            "lastProbeTime": null,
-            "lastTransitionTime": crate::timefmt::now_rfc3339(),
-        }]}});
-        match api
-            .patch_status(
-                &pod.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-        {
-            Ok(_) => {}
-            Err(e) if is_status(&e, 404) => return,
-            Err(error) => tracing::warn!(%error, pod = %pod.name_any(), "cannot set PodScheduled"),
-        }
-        self.event(
-            pod,
-            EventType::Warning,
-            "FailedScheduling",
-            message.to_owned(),
-        )
-        .await;
     }
 
     async fn event(&self, pod: &Pod, type_: EventType, reason: &str, note: String) {

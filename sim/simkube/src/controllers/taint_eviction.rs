@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::scheduler::{TAINT_NOT_READY, TAINT_UNREACHABLE, tolerates};
-use super::{is_status, recorder, watch_pods_and_nodes};
+use super::{Pace, is_status, recorder, watch_pods_and_nodes};
 
 /// The name the controller reports events under (kube-controller-manager's since 1.29).
 pub const CONTROLLER_NAME: &str = "taint-eviction-controller";
@@ -248,6 +248,7 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
         client,
         schedule: Schedule::default(),
     };
+    let mut pace = Pace::new();
     loop {
         let wake = controller
             .schedule
@@ -259,11 +260,14 @@ pub async fn run(client: Client, shutdown: CancellationToken) {
             change = changes.next() => if change.is_none() { return },
             () = tokio::time::sleep(wake) => {}
         }
+        pace.ready().await;
         while let Some(Some(())) = changes.next().now_or_never() {}
         let ready = pods.wait_until_ready().now_or_never().is_some()
             && nodes.wait_until_ready().now_or_never().is_some();
         if ready {
+            let started = tokio::time::Instant::now();
             controller.pass(&pods, &nodes).await;
+            pace.passed(started);
         }
     }
 }
