@@ -45,6 +45,64 @@ async fn create_cm(api: &Api<ConfigMap>, body: Value) -> ConfigMap {
         .expect("create")
 }
 
+/// Creates CRD `<plural>.example.com` (namespaced, version v1, `schema` as its
+/// openAPIV3Schema, a status subresource if `status`) and the API of its objects.
+async fn example_crd(
+    client: &Client,
+    kind: &str,
+    plural: &str,
+    schema: Value,
+    status: bool,
+) -> Api<DynamicObject> {
+    let mut version = json!({"name": "v1", "served": true, "storage": true,
+                             "schema": {"openAPIV3Schema": schema}});
+    if status {
+        version["subresources"] = json!({"status": {}});
+    }
+    let crd: CustomResourceDefinition = serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{plural}.example.com")},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind,
+                      "listKind": format!("{kind}List")},
+            "scope": "Namespaced",
+            "versions": [version]
+        }
+    }))
+    .expect("crd");
+    Api::<CustomResourceDefinition>::all(client.clone())
+        .create(&PostParams::default(), &crd)
+        .await
+        .expect("create CRD");
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("example.com", "v1", kind),
+        plural,
+    );
+    Api::default_namespaced_with(client.clone(), &ar)
+}
+
+/// Server-side applies `cfg` to `name` as `manager`, retrying while the new kind is not
+/// served yet (a CRD takes a moment to be).
+async fn apply_once_served(
+    api: &Api<DynamicObject>,
+    name: &str,
+    manager: &str,
+    cfg: &Value,
+) -> DynamicObject {
+    for _ in 0..100 {
+        match api
+            .patch(name, &PatchParams::apply(manager), &Patch::Apply(cfg))
+            .await
+        {
+            Ok(obj) => return obj,
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    panic!("the kind of {name} is not served");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn merge_patch_adds_and_removes_members() {
     let c = cluster().await;
@@ -409,55 +467,16 @@ async fn kube_runtime_finalizer_flow_runs_end_to_end() {
 async fn strategic_patch_on_a_custom_resource_is_unsupported_media_type() {
     let c = cluster().await;
     let client = c.client();
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "gadgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "names": {"plural": "gadgets", "singular": "gadget", "kind": "Gadget", "listKind": "GadgetList"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {
-                        "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
-                                  "items": {"type": "object", "required": ["name"], "properties": {
-                                      "name": {"type": "string"}, "port": {"type": "integer"}}}}
-                    }}
-                }}}
-            }]
-        }
-    }))
-    .expect("crd");
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", "Gadget"),
-        "gadgets",
-    );
-    let api: Api<DynamicObject> = Api::default_namespaced_with(client.clone(), &ar);
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "ports": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                      "items": {"type": "object", "required": ["name"], "properties": {
+                          "name": {"type": "string"}, "port": {"type": "integer"}}}}
+        }}
+    }});
+    let api = example_crd(&client, "Gadget", "gadgets", schema, false).await;
     let cfg = |ports: Value| json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "g"}, "spec": {"ports": ports}});
-    let mut created = None;
-    for _ in 0..100 {
-        match api
-            .patch(
-                "g",
-                &PatchParams::apply("one"),
-                &Patch::Apply(cfg(json!([{"name": "a", "port": 1}]))),
-            )
-            .await
-        {
-            Ok(obj) => {
-                created = Some(obj);
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-    created.expect("the Gadget type is served");
+    apply_once_served(&api, "g", "one", &cfg(json!([{"name": "a", "port": 1}]))).await;
     // list-map keys from the CRD schema: a second manager's item merges in
     let two = api
         .patch(
@@ -500,62 +519,23 @@ async fn strategic_patch_on_a_custom_resource_is_unsupported_media_type() {
 async fn status_apply_through_the_subresource_keeps_spec_and_records_the_subresource() {
     let c = cluster().await;
     let client = c.client();
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "peers.example.com"},
-        "spec": {
-            "group": "example.com",
-            "names": {"plural": "peers", "singular": "peer", "kind": "Peer", "listKind": "PeerList"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object", "properties": {
-                    "spec": {"type": "object", "properties": {"endpoint": {"type": "string"}}},
-                    "status": {"type": "object", "properties": {
-                        "phase": {"type": "string"},
-                        "conditions": {"type": "array", "x-kubernetes-list-type": "map",
-                                       "x-kubernetes-list-map-keys": ["type"],
-                                       // kube-apiserver requires map-list keys to be
-                                       // required or defaulted in structural schemas.
-                                       "items": {"type": "object", "required": ["type"],
-                                                 "properties": {
-                                           "type": {"type": "string"}, "status": {"type": "string"}}}}
-                    }}
-                }}}
-            }]
-        }
-    }))
-    .expect("crd");
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", "Peer"),
-        "peers",
-    );
-    let api: Api<DynamicObject> = Api::default_namespaced_with(client, &ar);
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {"endpoint": {"type": "string"}}},
+        "status": {"type": "object", "properties": {
+            "phase": {"type": "string"},
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map",
+                           "x-kubernetes-list-map-keys": ["type"],
+                           // kube-apiserver requires map-list keys to be
+                           // required or defaulted in structural schemas.
+                           "items": {"type": "object", "required": ["type"],
+                                     "properties": {
+                               "type": {"type": "string"}, "status": {"type": "string"}}}}
+        }}
+    }});
+    let api = example_crd(&client, "Peer", "peers", schema, true).await;
     let spec_cfg = json!({"apiVersion": "example.com/v1", "kind": "Peer", "metadata": {"name": "p"},
                           "spec": {"endpoint": "198.18.0.1:51820"}});
-    let mut served = false;
-    for _ in 0..100 {
-        if api
-            .patch(
-                "p",
-                &PatchParams::apply("cli"),
-                &Patch::Apply(spec_cfg.clone()),
-            )
-            .await
-            .is_ok()
-        {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(served, "the Peer type is served");
+    apply_once_served(&api, "p", "cli", &spec_cfg).await;
 
     let status_cfg = |phase: &str, ready: &str| {
         json!({"apiVersion": "example.com/v1", "kind": "Peer", "metadata": {"name": "p"},
@@ -605,4 +585,78 @@ async fn status_apply_through_the_subresource_keeps_spec_and_records_the_subreso
     );
     assert_eq!(st2.data["spec"]["endpoint"], "198.18.0.1:51820");
     c.shutdown().await;
+}
+
+/// `x-kubernetes-map-type: atomic` on an object of a CRD's schema: server-side apply owns it
+/// whole (managed fields name it without its members), a second manager conflicts on it as a
+/// unit, and a forced apply replaces it whole.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_atomic_object_of_a_crd_is_owned_and_replaced_whole_by_apply() {
+    let c = cluster().await;
+    let client = c.client();
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "owner": {"type": "string"},
+            "pod": {"type": "object", "x-kubernetes-map-type": "atomic", "properties": {
+                "image": {"type": "string"}, "restartPolicy": {"type": "string"}}}
+        }}
+    }});
+    let api = example_crd(&client, "Shadow", "shadows", schema, false).await;
+    let cfg = |spec: Value| {
+        json!({"apiVersion": "example.com/v1", "kind": "Shadow", "metadata": {"name": "s"},
+               "spec": spec})
+    };
+    let first = cfg(json!({"owner": "a", "pod": {"image": "nginx", "restartPolicy": "Always"}}));
+    let applied = apply_once_served(&api, "s", "consumer", &first).await;
+    let entries = applied
+        .metadata
+        .managed_fields
+        .clone()
+        .expect("managedFields");
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        entries[0].fields_v1.as_ref().expect("fieldsV1").0,
+        json!({"f:spec": {"f:owner": {}, "f:pod": {}}})
+    );
+
+    // Another manager setting one member of the atomic object conflicts on the whole object.
+    let other = cfg(json!({"pod": {"image": "busybox"}}));
+    let conflict = api_error(
+        api.patch(
+            "s",
+            &PatchParams::apply("intruder"),
+            &Patch::Apply(other.clone()),
+        )
+        .await
+        .expect_err("a conflict"),
+    );
+    assert_eq!(conflict.code, 409);
+    assert!(
+        conflict.message.contains(".spec.pod"),
+        "the conflict names the atomic object: {}",
+        conflict.message
+    );
+    // Forced, it takes the object whole: the member it did not give is gone.
+    let forced = api
+        .patch(
+            "s",
+            &PatchParams::apply("intruder").force(),
+            &Patch::Apply(other),
+        )
+        .await
+        .expect("forced apply");
+    assert_eq!(forced.data["spec"]["pod"], json!({"image": "busybox"}));
+    assert_eq!(forced.data["spec"]["owner"], "a");
+    let consumer = forced
+        .metadata
+        .managed_fields
+        .as_ref()
+        .expect("managedFields")
+        .iter()
+        .find(|e| e.manager.as_deref() == Some("consumer"))
+        .expect("the first manager keeps what it still owns");
+    assert_eq!(
+        consumer.fields_v1.as_ref().expect("fieldsV1").0,
+        json!({"f:spec": {"f:owner": {}}})
+    );
 }
