@@ -41,14 +41,14 @@ impl Default for Timing {
     fn default() -> Self {
         Self {
             // Every probe crosses the link between the clusters, about 550 bytes with TCP's
-            // and TLS's overhead: every 4 s that is 1.1 kbit/s per virtual node, most of an
-            // idle peering's traffic. A provider silent for 7 s is unreachable: one lost
+            // and TLS's overhead: every 5 s that is 0.9 kbit/s per virtual node, most of an
+            // idle peering's traffic. A provider silent for 8 s is unreachable: one lost
             // probe is forgiven (it times out after 2 s and is retried at once, so the next
-            // answer comes about 6 s after the last), two are not; the node task wakes when
-            // the 7 s end, so a frozen provider turns the node NotReady within ten.
-            probe_interval: Duration::from_secs(4),
+            // answer comes about 7 s after the last), two are not; the node task wakes when
+            // the 8 s end, so a frozen provider turns the node NotReady within ten.
+            probe_interval: Duration::from_secs(5),
             probe_timeout: Duration::from_secs(2),
-            unreachable_after: Duration::from_secs(7),
+            unreachable_after: Duration::from_secs(8),
             lease_renew: Duration::from_secs(10),
             lease_duration_seconds: 40,
             status_refresh: Duration::from_secs(60),

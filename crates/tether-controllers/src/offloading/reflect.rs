@@ -5,13 +5,13 @@
 //! pods of both clusters from either side. `plan` decides; this module loads and applies,
 //! with the tenant identity the provider issued.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -24,11 +24,12 @@ use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
 use tether_api::names::TENANT_NAMESPACE_PREFIX;
 use tether_api::networking::Configuration;
-use tether_api::offloading::NamespaceOffloading;
+use tether_api::offloading::{NamespaceOffloading, ShadowPod};
 use tokio_util::sync::CancellationToken;
 
 use super::OffCtx;
 use super::namespaces::NAME;
+use super::pods::ORIGIN_UID;
 use super::translate::PodView;
 use super::watched::Watchable;
 use crate::Error;
@@ -189,7 +190,7 @@ async fn reflect_into(
 
     let virtual_nodes = super::virtual_node_names(&ctx.client).await?;
     // Events only inform: their failure does not hold back the Services' endpoints.
-    if let Err(e) = copy_events(octx, ns, twin, provider, &access, &virtual_nodes).await {
+    if let Err(e) = copy_events(octx, ns, twin, provider, &access).await {
         tracing::warn!(namespace = %ns, provider = %provider, error = %e, "copying Events back failed");
     }
 
@@ -306,10 +307,8 @@ where
     first_error.map_or(Ok(()), Err)
 }
 
-/// The provider's Events already dealt with, by namespace here and Event name: what each said
-/// when it was copied back, or found to be about nothing offloaded from here. An Event is
-/// looked at again only when it changes at the provider, so an idle namespace lists no pods
-/// for its Events.
+/// The provider's Events already copied back, by namespace here and Event name: what each said
+/// when it was. An Event is copied again only when it changes at the provider.
 type Dealt = std::collections::HashMap<String, std::collections::HashMap<String, String>>;
 static COPIED: std::sync::LazyLock<std::sync::Mutex<Dealt>> =
     std::sync::LazyLock::new(Default::default);
@@ -337,11 +336,10 @@ async fn copy_events(
     twin: &str,
     provider: &ClusterId,
     access: &Access,
-    virtual_nodes: &BTreeSet<String>,
 ) -> Result<(), Error> {
     let ctx = &octx.ctx;
     let remote = octx.watched.list::<Event>(provider, access, twin).await?;
-    // Only what changed since the last pass is planned, and the pods are listed for it alone.
+    // Only what changed since it was last copied is planned.
     let fresh: std::collections::HashMap<&str, (&Event, String)> = {
         let mut all = dealt();
         let seen = all.entry(ns.to_owned()).or_default();
@@ -360,15 +358,23 @@ async fn copy_events(
     if fresh.is_empty() {
         return Ok(());
     }
-    let pods = list(
-        &Api::<Pod>::namespaced(ctx.client.clone(), ns),
-        &format!("pods in {ns}"),
-    )
-    .await?;
+    // The pods offloaded from here are those with a ShadowPod in the twin, named after them:
+    // the watched copies say so without listing this namespace's pods (a burst of a thousand
+    // pods made that list the consumer API server's largest cost).
+    let offloaded: BTreeMap<String, String> = octx
+        .watched
+        .list::<ShadowPod>(provider, access, twin)
+        .await?
+        .iter()
+        .filter_map(|sp| {
+            let uid = sp.metadata.annotations.as_ref()?.get(ORIGIN_UID)?;
+            Some((sp.metadata.name.clone()?, uid.clone()))
+        })
+        .collect();
     let wanted = plan::events(
         fresh.values().map(|(e, _)| *e),
-        &pods,
-        virtual_nodes,
+        &offloaded,
+        ns,
         provider.as_str(),
     );
     let remember = |name: &str| {
@@ -379,14 +385,8 @@ async fn copy_events(
                 .insert(name.to_owned(), f.clone());
         }
     };
-    // Those about no pod offloaded from here are not looked at again until they change.
-    let planned: BTreeSet<&str> = wanted
-        .iter()
-        .filter_map(|e| e.metadata.name.as_deref())
-        .collect();
-    for name in fresh.keys().filter(|n| !planned.contains(*n)) {
-        remember(name);
-    }
+    // Those about no pod offloaded from here are looked at again on the next pass, in memory:
+    // their pod's ShadowPod may not have reached its watch yet.
     let local = Api::<Event>::namespaced(ctx.client.clone(), ns);
     for e in &wanted {
         let name = e.name_any();

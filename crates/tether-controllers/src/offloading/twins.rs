@@ -169,8 +169,9 @@ fn is_twin_of(ns: &Namespace, consumer: &ClusterId, origin: &str) -> bool {
 
 /// Why `consumer` may not use this cluster now, if it may not: no Tenant, or one being
 /// revoked. `cordoned_too` also refuses a cordoned or drained Tenant (no new workloads).
+/// Read from the watched Tenants: a burst of pods asks once per pod.
 pub(super) async fn tenant_refusal(
-    client: &kube::Client,
+    octx: &OffCtx,
     consumer: &str,
     cordoned_too: bool,
 ) -> Result<Option<Refusal>, Error> {
@@ -185,11 +186,8 @@ pub(super) async fn tenant_refusal(
     let Ok(id) = ClusterId::new(consumer) else {
         return Ok(unknown());
     };
-    let tenant = Api::<Tenant>::all(client.clone())
-        .get_opt(id.as_str())
-        .await
-        .map_err(Error::kube(format!("reading Tenant {id}")))?;
-    Ok(match tenant {
+    let tenant = octx.local.get::<Tenant>(None, id.as_str()).await?;
+    Ok(match tenant.as_deref() {
         None => unknown(),
         Some(t) if t.metadata.deletion_timestamp.is_some() => unknown(),
         Some(t) if cordoned_too && t.spec.tenant_condition != TenantCondition::Active => Some((
@@ -309,7 +307,7 @@ async fn apply(
 ) -> Result<Action, Error> {
     let client = &octx.ctx.client;
     let origin = req.name_any();
-    if let Some(refusal) = tenant_refusal(client, consumer.as_str(), false).await? {
+    if let Some(refusal) = tenant_refusal(octx, consumer.as_str(), false).await? {
         return failed(octx, req, None, refusal).await;
     }
     let name = match twin_name(&origin, consumer, &req.spec) {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ObjectReference, Pod, Secret, Service, ServicePort, ServiceSpec,
+    ConfigMap, ObjectReference, Secret, Service, ServicePort, ServiceSpec,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointSlice};
 use k8s_openapi::api::events::v1::Event;
@@ -400,26 +400,17 @@ pub fn slices(
 /// The reporting controller of Events copied back from a provider.
 pub const EVENT_REPORTER: &str = "tether.dev/reflection";
 
-/// The Events to show here for the provider's Events about the pods it runs for this
-/// cluster: each becomes an Event of the same name about the pod here of that name (pods
-/// not on a virtual node are not the provider's), its reporting instance the provider.
-/// Events about anything else in the twin stay there.
+/// The Events to show here, in `ns`, for the provider's Events about the pods it runs for
+/// this cluster: `offloaded` names them (pod name → UID of the pod here, from the ShadowPods
+/// in the twin, which are named after their pods). Each becomes an Event of the same name
+/// about the pod here, its reporting instance the provider. Events about anything else in
+/// the twin (a pod of that name running here is not the provider's) stay there.
 pub fn events<'a>(
     remote: impl IntoIterator<Item = &'a Event>,
-    local_pods: &[Pod],
-    virtual_nodes: &BTreeSet<String>,
+    offloaded: &BTreeMap<String, String>,
+    ns: &str,
     provider: &str,
 ) -> Vec<Event> {
-    let offloaded: BTreeMap<String, &Pod> = local_pods
-        .iter()
-        .filter(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_ref())
-                .is_some_and(|n| virtual_nodes.contains(n))
-        })
-        .map(|p| (p.name_any(), p))
-        .collect();
     remote
         .into_iter()
         .filter_map(|e| {
@@ -427,7 +418,8 @@ pub fn events<'a>(
             if about.kind.as_deref() != Some("Pod") {
                 return None;
             }
-            let pod = offloaded.get(about.name.as_deref()?)?;
+            let name = about.name.as_deref()?;
+            let uid = offloaded.get(name)?;
             Some(Event {
                 metadata: ObjectMeta {
                     name: e.metadata.name.clone(),
@@ -437,9 +429,9 @@ pub fn events<'a>(
                 regarding: Some(ObjectReference {
                     api_version: Some("v1".to_owned()),
                     kind: Some("Pod".to_owned()),
-                    namespace: pod.metadata.namespace.clone(),
-                    name: pod.metadata.name.clone(),
-                    uid: pod.metadata.uid.clone(),
+                    namespace: Some(ns.to_owned()),
+                    name: Some(name.to_owned()),
+                    uid: Some(uid.clone()),
                     ..ObjectReference::default()
                 }),
                 action: e.action.clone(),

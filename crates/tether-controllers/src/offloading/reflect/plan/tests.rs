@@ -476,16 +476,8 @@ fn slices_follow_their_services() {
 
 #[test]
 fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
-    use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodSpec};
+    use k8s_openapi::api::core::v1::ObjectReference;
     use k8s_openapi::api::events::v1::Event;
-    let pod = |name: &str, node: &str| Pod {
-        metadata: meta(name, &[], &[]),
-        spec: Some(PodSpec {
-            node_name: Some(node.to_owned()),
-            ..PodSpec::default()
-        }),
-        status: None,
-    };
     let event = |name: &str, kind: &str, about: &str| Event {
         metadata: ObjectMeta {
             name: Some(name.to_owned()),
@@ -505,8 +497,8 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
         reporting_controller: Some("default-scheduler".to_owned()),
         ..Event::default()
     };
-    let virtual_nodes = BTreeSet::from(["provider-1".to_owned()]);
-    let pods = [pod("web-1", "provider-1"), pod("db-0", "node-a")];
+    // Only web-1 has a ShadowPod in the twin; db-0 runs here.
+    let offloaded = BTreeMap::from([("web-1".to_owned(), "uid-web-1".to_owned())]);
     let remote = [
         event("web-1.1", "Pod", "web-1"),
         // Same name as a pod that runs here: not the provider's to report on.
@@ -514,7 +506,7 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
         event("web.1", "Service", "web-1"),
         event("gone.1", "Pod", "gone"),
     ];
-    let out = events(&remote, &pods, &virtual_nodes, "provider-1");
+    let out = events(&remote, &offloaded, "shop", "provider-1");
     expect![[r#"
         [
           {
