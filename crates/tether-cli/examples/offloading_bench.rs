@@ -13,9 +13,11 @@
 //! the provider (nftables counters in the controller pod's network namespace, on the provider's
 //! 198.18.P.0/24 and 198.19.P.0/24) during the burst and over an idle window, as well as
 //! everything between the two clusters in the underlay (the tunnel included); and which
-//! requests the API servers served meanwhile. Each pod's time is also split in three, from
-//! the watches: the consumer's create to its pod at the provider, that pod to Ready, and the
-//! lag; the plain cluster's pods, seen to Ready, compare with the middle one. At the last size,
+//! requests the API servers served meanwhile. Each pod's time is also split, from the
+//! watches: the consumer's create to its binding to the virtual node and to its pod at the
+//! provider, that pod to Ready, and the lag; the plain cluster's pods, seen to Ready, compare
+//! with the provider's. Each burst also says how busy the machine was and which processes
+//! (grouped by command and cluster) used its CPU. At the last size,
 //! the idle window is repeated with the consumer's controller stopped (SIGSTOP), so that the
 //! provider's request counters, all clients together, tell the consumer's requests apart.
 //!
@@ -39,7 +41,8 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::runtime::Runtime;
 
 use common::measure::{
-    NftCounters, api_requests, cpu_ticks, memory_kib, pod_netns, tetherd_controller, top_increases,
+    NftCounters, api_requests, cpu_by_group, cpu_ticks, machine_ticks, memory_kib, pod_netns,
+    tetherd_controller, top_increases,
 };
 use common::{Bench, Cluster, Result, arg, kubectl, path};
 
@@ -58,6 +61,8 @@ fn main() -> std::process::ExitCode {
 #[derive(Default)]
 struct Seen {
     created: HashMap<String, Instant>,
+    /// First seen bound to a node.
+    bound: HashMap<String, Instant>,
     ready: HashMap<String, Instant>,
     present: HashSet<String>,
     listed: bool,
@@ -70,6 +75,7 @@ struct PodWatch {
 impl Seen {
     fn forget(&mut self) {
         self.created.clear();
+        self.bound.clear();
         self.ready.clear();
     }
 
@@ -135,6 +141,9 @@ impl PodWatch {
                     watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
                         let name = p.metadata.name.clone().unwrap_or_default();
                         s.created.entry(name.clone()).or_insert(now);
+                        if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) {
+                            s.bound.entry(name.clone()).or_insert(now);
+                        }
                         if is_ready(&p) {
                             s.ready.entry(name.clone()).or_insert(now);
                         }
@@ -316,6 +325,11 @@ struct Row {
     to_provider: Vec<f64>,
     /// Per pod: first seen at the provider to Ready there.
     provider_start: Vec<f64>,
+    /// Per pod: first seen in the consumer to first seen bound to the virtual node.
+    to_bound: Vec<f64>,
+    /// Where the CPU went during the plain and the offloaded burst.
+    plain_cpu: CpuUse,
+    offloaded_cpu: CpuUse,
     /// Per pod in the plain cluster: first seen to Ready.
     plain_start: Vec<f64>,
     unmatched: usize,
@@ -328,6 +342,49 @@ struct Row {
     burst_provider_requests: Vec<(String, u64)>,
     idle: Idle,
     deletion: Duration,
+}
+
+/// The machine's CPU over a burst: busy share of all cores, and the largest users by process
+/// group (see [`cpu_by_group`]) in CPU-seconds.
+struct CpuUse {
+    busy: f64,
+    top: Vec<(String, u64)>,
+}
+
+/// Readings to take a [`CpuUse`] from.
+struct CpuMark {
+    machine: (u64, u64),
+    groups: BTreeMap<String, u64>,
+}
+
+impl CpuMark {
+    fn now(tags: &[&str]) -> Result<Self> {
+        Ok(Self {
+            machine: machine_ticks()?,
+            groups: cpu_by_group(tags),
+        })
+    }
+
+    fn since(&self, tags: &[&str]) -> Result<CpuUse> {
+        let later = Self::now(tags)?;
+        let busy = (later.machine.0 - self.machine.0) as f64
+            / (later.machine.1 - self.machine.1).max(1) as f64;
+        Ok(CpuUse {
+            busy,
+            top: top_increases(&self.groups, &later.groups, 10),
+        })
+    }
+}
+
+impl std::fmt::Display for CpuUse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "machine {:.0}% busy; CPU-s:", self.busy * 100.0)?;
+        for (k, ticks) in &self.top {
+            // USER_HZ is 100.
+            write!(f, " {k} {:.1}", *ticks as f64 / 100.0)?;
+        }
+        Ok(())
+    }
 }
 
 struct Meters {
@@ -529,11 +586,20 @@ fn run() -> Result {
     let idle0 = meters.idle(idle_for)?;
     let rss0 = memory_kib(meters.pid()?)?;
 
+    let tags = [
+        CONSUMER_ID,
+        PROVIDER_ID,
+        consumer.0.as_str(),
+        provider.0.as_str(),
+        plain.0.as_str(),
+    ];
     let mut rows = Vec::new();
     for &n in &sizes {
         let name = format!("burst-{n}");
         // The plain cluster first, gone again before the offloaded burst starts.
+        let mark = CpuMark::now(&tags)?;
         let (_, plain_took) = burst(&rt, &bc, &plain_pods, &name, n, "plain")?;
+        let plain_cpu = mark.since(&tags)?;
         let plain_start = plain_pods.with(|s| s.start_times());
         delete(&plain, &name)?;
         plain_pods.wait_empty("the plain burst's pods gone", Duration::from_secs(300))?;
@@ -541,7 +607,9 @@ fn run() -> Result {
         provider_pods.with(Seen::forget);
         let (b0, u0) = (meters.controller.read()?, meters.underlay.read()?);
         let req0 = api_requests(&provider)?;
+        let mark = CpuMark::now(&tags)?;
         let (t0, took) = burst(&rt, &cc, &consumer_pods, &name, n, "offloaded")?;
+        let offloaded_cpu = mark.since(&tags)?;
         let (b1, u1) = (meters.controller.read()?, meters.underlay.read()?);
         let req1 = api_requests(&provider)?;
         let rss_ready = memory_kib(meters.pid()?)?;
@@ -550,6 +618,13 @@ fn run() -> Result {
         let provider_last = remote_ready.values().max().copied();
         let (mut lags, mut to_provider, mut provider_start, mut unmatched) =
             (Vec::new(), Vec::new(), Vec::new(), 0);
+        let mut to_bound = consumer_pods.with(|s| {
+            s.bound
+                .iter()
+                .filter_map(|(p, b)| Some(secs(*s.created.get(p)?, *b)))
+                .collect::<Vec<_>>()
+        });
+        to_bound.sort_by(f64::total_cmp);
         consumer_pods.with(|s| {
             for (pod, here) in &s.ready {
                 match (remote_created.get(pod), remote_ready.get(pod)) {
@@ -603,6 +678,9 @@ fn run() -> Result {
             lags,
             to_provider,
             provider_start,
+            to_bound,
+            plain_cpu,
+            offloaded_cpu,
             plain_start,
             unmatched,
             frozen,
@@ -698,6 +776,12 @@ fn report(nodes: u8, idle0: &Idle, rss0: (u64, u64), rows: &[Row]) {
                 v.last().copied().unwrap_or(f64::NAN)
             )
         };
+        println!(
+            "  per pod: consumer create seen -> bound to the virtual node {}",
+            p50_max(&r.to_bound)
+        );
+        println!("  CPU, plain burst: {}", r.plain_cpu);
+        println!("  CPU, offloaded burst: {}", r.offloaded_cpu);
         println!(
             "  per pod: consumer create seen -> pod at the provider {}",
             p50_max(&r.to_provider)

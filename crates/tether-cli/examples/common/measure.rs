@@ -228,3 +228,53 @@ pub(crate) fn top_increases(
     d.truncate(top);
     d
 }
+
+/// CPU ticks used so far by every live process, summed per group: the command name, with the
+/// first of `tags` that its command line or environment mentions (a cluster's name or ID), so
+/// two clusters' API servers or controllers count apart. A difference between two readings is
+/// where the CPU went in between (a process that ended meanwhile is missing from the second).
+pub(crate) fn cpu_by_group(tags: &[&str]) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in dir.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let comm = stat
+            .split_once('(')
+            .and_then(|(_, r)| r.rsplit_once(')'))
+            .map_or("?", |(c, _)| c)
+            .to_owned();
+        let Ok(ticks) = cpu_ticks(pid) else { continue };
+        let mut seen = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        seen.extend(std::fs::read(entry.path().join("environ")).unwrap_or_default());
+        let text = String::from_utf8_lossy(&seen);
+        let key = match tags.iter().find(|t| text.contains(*t)) {
+            Some(t) => format!("{comm}[{t}]"),
+            None => comm,
+        };
+        *out.entry(key).or_insert(0) += ticks;
+    }
+    out
+}
+
+/// Busy and total CPU ticks of the whole machine so far, from /proc/stat.
+pub(crate) fn machine_ticks() -> Result<(u64, u64)> {
+    let stat =
+        std::fs::read_to_string("/proc/stat").map_err(|e| format!("reading /proc/stat: {e}"))?;
+    let line = stat.lines().next().ok_or("empty /proc/stat")?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let total: u64 = v.iter().take(8).sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    Ok((total - idle, total))
+}
