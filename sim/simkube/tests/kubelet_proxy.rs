@@ -1,7 +1,9 @@
-//! Pod `log` and `exec` through simkube to a kubelet: a small HTTPS kubelet written here (rustls,
-//! self-signed certificate, the kubelet's `/containerLogs` and `/exec` API with the
-//! `v5.channel.k8s.io` framing) serves them, and the real kube-rs client and the real kubectl
-//! consume them through the API server.
+//! Pod `log` and `exec` through simkube to a kubelet: a small HTTPS kubelet written here (served
+//! by `support::https` with a certificate from its own CA, the kubelet's `/containerLogs` and
+//! `/exec` API with the `v5.channel.k8s.io` framing) serves them, and the real kube-rs client
+//! and the real kubectl consume them through the API server.
+
+mod support;
 
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -13,8 +15,6 @@ use axum::extract::{Path, RawQuery, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use futures::StreamExt;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Client;
 use kube::api::{Api, AttachParams, LogParams, Patch, PatchParams, PostParams};
@@ -228,60 +228,14 @@ async fn port_forward(
 /// Starts the HTTPS test kubelet on 127.0.0.1 with a serving certificate from its own CA;
 /// returns its port and the CA certificate (PEM).
 async fn start_kubelet(seen: Arc<Seen>) -> (u16, String) {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let ca_key = rcgen::KeyPair::generate().expect("CA key");
-    let mut ca_params = rcgen::CertificateParams::default();
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "test kubelet CA");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("CA");
-    let ca_pem = ca_cert.pem();
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().expect("key");
-    let params =
-        rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("params");
-    let cert = params
-        .signed_by(&key, &issuer)
-        .expect("serving certificate");
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
-        )
-        .expect("tls config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let app = Router::new()
         .route("/containerLogs/{ns}/{pod}/{container}", get(container_logs))
         .route("/exec/{ns}/{pod}/{container}", get(exec))
         .route("/attach/{ns}/{pod}/{container}", get(attach))
         .route("/portForward/{ns}/{pod}", get(port_forward))
         .with_state(seen);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let acceptor = acceptor.clone();
-            let app = app.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(
-                        TokioIo::new(tls),
-                        TowerToHyperService::new(app),
-                    )
-                    .await;
-            });
-        }
-    });
-    (port, ca_pem)
+    let server = support::https::serve(app, &["127.0.0.1", "localhost"], "test kubelet CA").await;
+    (server.port, server.ca_pem)
 }
 
 struct Fixture {

@@ -5,6 +5,8 @@
 //! test kubelet here answers the upgrade and echoes upper-cased; the real kubectl against a
 //! real node agent is in simkube-node's `port_forward` test.
 
+mod support;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,13 +15,12 @@ use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use futures::{SinkExt as _, StreamExt as _};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::service::TowerToHyperService;
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 
@@ -75,43 +76,15 @@ async fn kubelet_port_forward(seen: axum::extract::State<Seen>, mut request: Req
     response
 }
 
-/// The HTTPS test kubelet on 127.0.0.1 (self-signed: the API server does not verify by
-/// default); returns its port.
+/// The HTTPS test kubelet on 127.0.0.1 (the API server does not verify it by default);
+/// returns its port.
 async fn start_kubelet(seen: Seen) -> u16 {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let certified =
-        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("certificate");
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![certified.cert.der().clone()],
-            rustls::pki_types::PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into()),
-        )
-        .expect("tls config");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let app = Router::new()
         .route("/portForward/{ns}/{pod}", any(kubelet_port_forward))
         .with_state(seen);
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    tokio::spawn(async move {
-        while let Ok((tcp, _)) = listener.accept().await {
-            let acceptor = acceptor.clone();
-            let app = app.clone();
-            tokio::spawn(async move {
-                let Ok(tls) = acceptor.accept(tcp).await else {
-                    return;
-                };
-                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
-                    .serve_connection_with_upgrades(
-                        TokioIo::new(tls),
-                        TowerToHyperService::new(app),
-                    )
-                    .await;
-            });
-        }
-    });
-    port
+    support::https::serve(app, &["127.0.0.1"], "test kubelet CA")
+        .await
+        .port
 }
 
 /// A cluster whose node `n1` is served by the test kubelet, with pod `web` bound to it.
