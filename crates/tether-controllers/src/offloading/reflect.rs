@@ -359,8 +359,8 @@ async fn copy_events(
         return Ok(());
     }
     // The pods offloaded from here are those with a ShadowPod in the twin, named after them:
-    // the watched copies say so without listing this namespace's pods (a burst of a thousand
-    // pods made that list the consumer API server's largest cost).
+    // the watched copies say so without listing this namespace's pods (during a burst of a
+    // thousand pods, that was a list of all of them about every pass).
     let offloaded: BTreeMap<String, String> = octx
         .watched
         .list::<ShadowPod>(provider, access, twin)

@@ -169,7 +169,7 @@ fn is_twin_of(ns: &Namespace, consumer: &ClusterId, origin: &str) -> bool {
 
 /// Why `consumer` may not use this cluster now, if it may not: no Tenant, or one being
 /// revoked. `cordoned_too` also refuses a cordoned or drained Tenant (no new workloads).
-/// Read from the watched Tenants: a burst of pods asks once per pod.
+/// It reads the watched Tenants, since a burst of pods asks once per pod.
 pub(super) async fn tenant_refusal(
     octx: &OffCtx,
     consumer: &str,
