@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -157,7 +158,14 @@ impl VirtualNode {
         let timing = timing.floored();
         let ready = Arc::new(AtomicBool::new(false));
         let stop = CancellationToken::new();
-        let (probes_tx, probes_rx) = watch::channel(desired::Probes::default());
+        // Seeded from the client at hand: the node task may read the record before the probe
+        // task first runs, and a given client must not read as "no credentials" (a restarted
+        // controller would then turn an adopted Ready node NotReady for one write).
+        let seed = desired::Probes {
+            client_since: provider.borrow().is_some().then(Timestamp::now),
+            ..desired::Probes::default()
+        };
+        let (probes_tx, probes_rx) = watch::channel(seed);
         let probe = tokio::spawn(probe::run(
             name.clone(),
             provider,
