@@ -200,7 +200,7 @@ fn install_runs_the_controller_as_a_pod_and_reinstalling_or_applying_the_dry_run
         "2",
     ]);
     yaml.ok();
-    let file = std::env::temp_dir().join(format!("tether-dry-run-{}.yaml", std::process::id()));
+    let file = env.file("dry-run.yaml");
     std::fs::write(&file, &yaml.stdout).expect("write manifests");
     b.kubectl(&[
         "apply",
@@ -353,7 +353,7 @@ fn peering_issues_a_confined_identity_and_unpeering_leaves_nothing() {
     );
 
     // The issued identity: Tether kinds in its tenant namespace, and nothing else.
-    let issued_kc = env_file(&env, "issued.kubeconfig");
+    let issued_kc = env.file("issued.kubeconfig");
     a.issued_kubeconfig(&b, "beta", &issued_kc);
     let who = b.kubectl_as(
         &issued_kc,
@@ -494,10 +494,6 @@ metadata:
     }
 }
 
-fn env_file(_env: &Env, name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("{}-{name}", std::process::id()))
-}
-
 fn token_args(b: &Sim, extra: &[&str]) -> (String, String, String) {
     let mut args = vec!["generate", "peer-command", "-o", "json"];
     args.extend_from_slice(extra);
@@ -595,7 +591,7 @@ fn renewal_keeps_the_peering_working_across_several_certificates() {
         "90s",
     ])
     .ok();
-    let issued_kc = env_file(&env, "renewed.kubeconfig");
+    let issued_kc = env.file("renewed.kubeconfig");
     let deadline = Instant::now() + tether_testkit::patience(Duration::from_secs(120));
     let mut expiries = Vec::new();
     loop {

@@ -72,6 +72,11 @@ impl Env {
         })
     }
 
+    /// A file in this environment's state directory, removed with it.
+    pub fn file(&self, name: &str) -> PathBuf {
+        self.state.path().join(name)
+    }
+
     /// A cluster name unique to this process.
     pub fn name(&self, label: &str) -> String {
         format!("t{}{label}", std::process::id())
