@@ -498,6 +498,33 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         "the provider's pods are exactly the consumer's"
     );
 
+    // A ShadowPod's pod spec changed at the provider is put back from the pod here (the
+    // consumer keeps only a digest of what the provider holds).
+    let image = || {
+        b.jsonpath(
+            &["shadowpod", "-n", &twin, local_pod],
+            "{.spec.pod.containers[0].image}",
+        )
+    };
+    let original = image();
+    assert!(!original.is_empty(), "the ShadowPod of {local_pod}");
+    b.kubectl(&[
+        "patch",
+        "shadowpod",
+        "-n",
+        &twin,
+        local_pod,
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/pod/containers/0/image","value":"tampered:1"}]"#,
+    ])
+    .ok();
+    b.wait(
+        "the ShadowPod's spec put back",
+        Duration::from_secs(30),
+        || image() == original,
+    );
+
     // A pod deleted here goes at the provider too and its replacement runs there.
     a.kubectl(&[
         "delete",

@@ -114,12 +114,36 @@ impl Default for Watched {
     }
 }
 
+/// On a watched ShadowPod only (it is never written back): the digest
+/// ([`super::shadow_pods::whole_spec_digest`]) of the `spec.pod` the provider holds, which the
+/// copy no longer carries.
+pub const POD_SPEC_DIGEST: &str = "tether.dev/watched-pod-spec-digest";
+
+/// The digest of the pod spec a watched ShadowPod had at the provider.
+pub fn pod_spec_digest(sp: &ShadowPod) -> Option<&str> {
+    sp.metadata
+        .annotations
+        .as_ref()?
+        .get(POD_SPEC_DIGEST)
+        .map(String::as_str)
+}
+
 /// Drops from a watched object what no reader of the store uses: managed fields, the bulk of
-/// any object; and of an Event (a burst leaves several per pod in a twin), all but what
-/// [`super::reflect`] copies back and compares.
+/// any object; of a ShadowPod, its pod spec, which the pod reflector only compares with the
+/// one it wants (the digest stands for it, see [`POD_SPEC_DIGEST`]); and of an Event (a burst
+/// leaves several per pod in a twin), all but what [`super::reflect`] copies back and
+/// compares.
 fn trim<K: Watchable>(o: &mut K) {
     o.meta_mut().managed_fields = None;
     let any: &mut dyn Any = o;
+    if let Some(sp) = any.downcast_mut::<ShadowPod>() {
+        let spec = std::mem::take(&mut sp.spec.pod);
+        sp.metadata.annotations.get_or_insert_default().insert(
+            POD_SPEC_DIGEST.to_owned(),
+            super::shadow_pods::whole_spec_digest(&spec),
+        );
+        return;
+    }
     let Some(e) = any.downcast_mut::<Event>() else {
         return;
     };
@@ -244,5 +268,61 @@ impl Watched {
             },
         );
         store
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    use tether_api::offloading::ShadowPodSpec;
+
+    use super::*;
+
+    fn shadow_pod(image: &str) -> ShadowPod {
+        ShadowPod {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                annotations: Some([("tether.dev/origin-uid".to_owned(), "u1".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            spec: ShadowPodSpec {
+                consumer_cluster_id: "alpha".into(),
+                pod: PodSpec {
+                    containers: vec![Container {
+                        name: "app".into(),
+                        image: Some(image.into()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                },
+            },
+            status: None,
+        }
+    }
+
+    #[test]
+    fn a_watched_shadow_pod_keeps_a_digest_of_its_pod_spec_instead_of_the_spec() {
+        let mut v1 = shadow_pod("app:1");
+        let spec = v1.spec.pod.clone();
+        trim(&mut v1);
+        assert_eq!(v1.spec.pod, PodSpec::default());
+        assert_eq!(v1.spec.consumer_cluster_id, "alpha");
+        assert_eq!(
+            pod_spec_digest(&v1),
+            Some(super::super::shadow_pods::whole_spec_digest(&spec).as_str())
+        );
+        // Other annotations stay.
+        let annotations = v1.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(
+            annotations.get("tether.dev/origin-uid").map(String::as_str),
+            Some("u1")
+        );
+
+        // An image is part of the spec: a changed one is a different digest.
+        let mut v2 = shadow_pod("app:2");
+        trim(&mut v2);
+        assert_ne!(pod_spec_digest(&v1), pod_spec_digest(&v2));
+        // An untrimmed ShadowPod has none (the reflector then writes it).
+        assert_eq!(pod_spec_digest(&shadow_pod("app:1")), None);
     }
 }
