@@ -290,6 +290,18 @@ impl Provider {
         create(&Api::namespaced(self.as_consumer().await, ns), &sp).await;
     }
 
+    /// Waits until Pod `ns/name` exists; returns it.
+    async fn wait_pod(&self, ns: &str, name: &str) -> Pod {
+        let api: Api<Pod> = Api::namespaced(self.client(), ns);
+        for _ in 0..100 {
+            if let Some(pod) = api.get_opt(name).await.expect("get") {
+                return pod;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("Pod {ns}/{name} was never made");
+    }
+
     /// Waits until ShadowPod `ns/name` has `phase`; returns it.
     async fn wait_shadow(&self, ns: &str, name: &str, phase: &str) -> ShadowPod {
         let api: Api<ShadowPod> = Api::namespaced(self.client(), ns);
@@ -472,10 +484,14 @@ async fn shadow_pods_run_within_the_grant_mirror_their_pod_and_come_back_when_de
     let twin = "shop-c1";
     let pods: Api<Pod> = Api::namespaced(client.clone(), twin);
 
-    // Within the grant (cpu 2): 1 + 1.
+    // Within the grant (cpu 2): 1 + 1. A starting pod's progress reaches the ShadowPod only
+    // every 30 s, so the Pod is what shows the admission.
     p.shadow_pod(twin, "a", Some("1")).await;
-    let a = p.wait_shadow(twin, "a", "Pending").await;
-    let pod = pods.get("a").await.expect("pod a");
+    let pod = p.wait_pod(twin, "a").await;
+    let a = Api::<ShadowPod>::namespaced(client.clone(), twin)
+        .get("a")
+        .await
+        .expect("ShadowPod a");
     let owner = &pod.metadata.owner_references.as_ref().expect("owner")[0];
     assert_eq!(
         (owner.kind.as_str(), owner.name.as_str(), owner.controller),
@@ -489,7 +505,7 @@ async fn shadow_pods_run_within_the_grant_mirror_their_pod_and_come_back_when_de
         Some(labels::SHADOW_POD)
     );
     p.shadow_pod(twin, "b", Some("1")).await;
-    p.wait_shadow(twin, "b", "Pending").await;
+    p.wait_pod(twin, "b").await;
 
     // Beyond it: refused with the figures, and no Pod.
     p.shadow_pod(twin, "c", Some("500m")).await;
