@@ -46,31 +46,34 @@ struct Node {
     /// This cluster's namespace of each twin namespace at the provider that holds the
     /// node's ShadowPods.
     twins: Mutex<HashMap<String, String>>,
-    /// ShadowPods written that the watch has not shown yet, by namespace/name: the digest of
-    /// what was written and when. A pod reconciled again meanwhile (its own status write
-    /// brings it back) would write the same ShadowPod again: in a 1,000-pod burst that was
-    /// 0.4 more writes per pod, each a whole ShadowPod both ways over the link.
-    unseen: Mutex<HashMap<String, (String, Instant)>>,
+    /// ShadowPods written that the watch has not shown yet.
+    unseen: Mutex<Unseen>,
 }
 
-impl Node {
-    /// Whether `digest` was written for `key` within [`UNSEEN`] and the watch has not shown
-    /// it yet. `seen`: the watch shows the ShadowPod, which ends the wait.
-    fn awaiting(&self, key: &str, digest: &str, seen: bool) -> bool {
-        let mut unseen = self.unseen.lock().unwrap_or_else(PoisonError::into_inner);
+/// ShadowPods written that the watch has not shown yet, by namespace/name: the digest of what
+/// was written and when. A pod reconciled again meanwhile (its own status write brings it
+/// back) would write the same ShadowPod again: in a 1,000-pod burst that was 0.4 more writes
+/// per pod, each a whole ShadowPod both ways over the link.
+#[derive(Debug, Default)]
+struct Unseen(HashMap<String, (String, Instant)>);
+
+impl Unseen {
+    /// Whether `digest` was written for `key` within [`UNSEEN`] before `now` and the watch
+    /// has not shown it yet. `seen`: the watch shows the ShadowPod, which ends the wait.
+    fn awaiting(&mut self, key: &str, digest: &str, seen: bool, now: Instant) -> bool {
         if seen {
-            unseen.remove(key);
+            self.0.remove(key);
             return false;
         }
-        unseen
+        self.0
             .get(key)
-            .is_some_and(|(d, at)| d == digest && at.elapsed() < UNSEEN)
+            .is_some_and(|(d, at)| d == digest && now.duration_since(*at) < UNSEEN)
     }
 
-    fn wrote(&self, key: String, digest: String) {
-        let mut unseen = self.unseen.lock().unwrap_or_else(PoisonError::into_inner);
-        unseen.retain(|_, (_, at)| at.elapsed() < UNSEEN);
-        unseen.insert(key, (digest, Instant::now()));
+    /// Records a write at `now`, and forgets those too old to be waited for.
+    fn wrote(&mut self, key: String, digest: String, now: Instant) {
+        self.0.retain(|_, (_, at)| now.duration_since(*at) < UNSEEN);
+        self.0.insert(key, (digest, now));
     }
 }
 
@@ -321,7 +324,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
     });
     let key = format!("{ns}/{name}");
     let digest = shadow_pods::digest(&wanted);
-    if stale && node.awaiting(&key, &digest, current.is_some()) {
+    if stale && unseen(node).awaiting(&key, &digest, current.is_some(), Instant::now()) {
         // Written a moment ago: its watch event reconciles this pod again.
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
@@ -338,7 +341,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
                 node.provider
             )))?;
         tracing::debug!(pod = %name, namespace = %ns, twin = %twin, "shadow pod written");
-        node.wrote(key, digest);
+        unseen(node).wrote(key, digest, Instant::now());
         written
     } else {
         current.expect("not stale, so present")
@@ -374,6 +377,10 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
     Ok(Action::requeue(if ready { STEADY } else { SETTLING }))
+}
+
+fn unseen(node: &Node) -> std::sync::MutexGuard<'_, Unseen> {
+    node.unseen.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The ShadowPod standing for `pod`.
@@ -479,5 +486,47 @@ async fn write_status(local: &Api<Pod>, pod: &Pod, status: PodStatus) -> Result<
             "writing the status of pod {}/{name}",
             pod.namespace().unwrap_or_default()
         ))(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_written_shadow_pod_is_awaited_until_seen_changed_or_ten_seconds_old() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut unseen = Unseen::default();
+        assert!(
+            !unseen.awaiting("shop/a", "d1", false, t0),
+            "nothing written"
+        );
+
+        unseen.wrote("shop/a".into(), "d1".into(), t0);
+        assert!(unseen.awaiting("shop/a", "d1", false, at(500)));
+        assert!(unseen.awaiting("shop/a", "d1", false, at(9_999)));
+        assert!(
+            !unseen.awaiting("shop/a", "d1", false, at(10_000)),
+            "too old"
+        );
+        assert!(
+            !unseen.awaiting("shop/a", "d2", false, at(500)),
+            "wants another"
+        );
+        assert!(
+            !unseen.awaiting("shop/b", "d1", false, at(500)),
+            "another pod"
+        );
+
+        // Seen by the watch: the wait ends for good.
+        assert!(!unseen.awaiting("shop/a", "d1", true, at(600)));
+        assert!(!unseen.awaiting("shop/a", "d1", false, at(700)));
+
+        // A write forgets what is too old to be waited for.
+        unseen.wrote("shop/b".into(), "d1".into(), t0);
+        unseen.wrote("shop/c".into(), "d1".into(), at(10_000));
+        assert_eq!(unseen.0.len(), 1);
+        assert!(unseen.awaiting("shop/c", "d1", false, at(10_001)));
     }
 }
