@@ -10,7 +10,6 @@ use std::time::Duration;
 use k8s_openapi::api::certificates::v1::CertificateSigningRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
@@ -19,6 +18,8 @@ use kube::api::{
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use simkube::controllers::Controllers;
+
+mod support;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -224,29 +225,24 @@ async fn without_the_controller_no_service_account_is_created() {
 }
 
 async fn create_widget_crd(client: &Client) -> ApiResource {
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "widgets.example.com"},
-        "spec": {
-            "group": "example.com",
-            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
-            "scope": "Namespaced",
-            "versions": [{
-                "name": "v1", "served": true, "storage": true,
-                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
-            }]
-        }
-    }))
-    .expect("crd");
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", "Widget"),
-        "widgets",
-    );
+    let ar = support::crd::install(
+        client,
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": "widgets.example.com"},
+            "spec": {
+                "group": "example.com",
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                "scope": "Namespaced",
+                "versions": [{
+                    "name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}
+                }]
+            }
+        }),
+    )
+    .await;
     // The type is served once discovery lists it.
     eventually("the Widget type to be served", || async {
         kube::discovery::pinned_kind(

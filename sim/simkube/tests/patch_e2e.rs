@@ -8,16 +8,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::Status;
 use kube::runtime::controller::Action;
 use kube::runtime::finalizer::{Event, finalizer};
 use kube::{Client, ResourceExt};
 use serde_json::{Value, json};
 use simkube::Cluster;
+
+mod support;
 
 async fn cluster() -> Cluster {
     Cluster::builder()
@@ -59,27 +58,22 @@ async fn example_crd(
     if status {
         version["subresources"] = json!({"status": {}});
     }
-    let crd: CustomResourceDefinition = serde_json::from_value(json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{plural}.example.com")},
-        "spec": {
-            "group": "example.com",
-            "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind,
-                      "listKind": format!("{kind}List")},
-            "scope": "Namespaced",
-            "versions": [version]
-        }
-    }))
-    .expect("crd");
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &crd)
-        .await
-        .expect("create CRD");
-    let ar = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("example.com", "v1", kind),
-        plural,
-    );
+    let ar = support::crd::install(
+        client,
+        json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": format!("{plural}.example.com")},
+            "spec": {
+                "group": "example.com",
+                "names": {"plural": plural, "singular": kind.to_lowercase(), "kind": kind,
+                          "listKind": format!("{kind}List")},
+                "scope": "Namespaced",
+                "versions": [version]
+            }
+        }),
+    )
+    .await;
     Api::default_namespaced_with(client.clone(), &ar)
 }
 

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod crd;
 pub(crate) mod https;
 pub(crate) mod webhook;
 
