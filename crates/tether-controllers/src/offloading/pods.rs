@@ -9,12 +9,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodSpec, PodStatus};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
-use kube::runtime::controller::{Action, Controller};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, Preconditions};
+use kube::runtime::controller::{self, Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
 use tether_api::names::{self, labels};
 use tether_api::networking::Configuration;
@@ -37,6 +39,76 @@ const STEADY: Duration = Duration::from_secs(300);
 pub const ORIGIN_UID: &str = "tether.dev/origin-uid";
 /// How long a written ShadowPod the watch has not shown yet is trusted to be on its way.
 const UNSEEN: Duration = Duration::from_secs(10);
+/// How many pods of one node are reflected at once. Each reconcile makes its calls one after
+/// another, so this bounds the connections a burst opens to the provider and here: unbounded,
+/// a burst of 300 pods left about 130 pooled connections of some 35 KiB each (buffers, TLS
+/// state) in the controller.
+const AT_ONCE: u16 = 16;
+/// On a stored pod only (it is never written back as stored): its spec, and its status, as
+/// JSON text, which [`compact`] puts in place of the structs.
+const STORED_SPEC: &str = "tether.dev/stored-pod-spec";
+const STORED_STATUS: &str = "tether.dev/stored-pod-status";
+
+/// Keeps a watched pod in the store in a compact form: no managed fields (nothing here reads
+/// them), and its spec and status as JSON text ([`STORED_SPEC`], [`STORED_STATUS`]).
+/// Deserialised, a pod spec takes about 8 KiB (a volume alone is a struct of every volume
+/// source) and a status about 2; as text, a fraction. They are read back only when a
+/// reconcile needs them ([`spec_of`], [`status_of`]).
+fn compact(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+    if let Some(spec) = p.spec.take() {
+        p.spec = stash(&mut p.metadata, STORED_SPEC, spec);
+    }
+    if let Some(status) = p.status.take() {
+        p.status = stash(&mut p.metadata, STORED_STATUS, status);
+    }
+}
+
+/// Puts `value` as JSON text in annotation `key` of `meta`; gives it back if it cannot be.
+pub(super) fn stash<T: Serialize>(meta: &mut ObjectMeta, key: &str, value: T) -> Option<T> {
+    match serde_json::to_string(&value) {
+        Ok(json) => {
+            meta.annotations
+                .get_or_insert_default()
+                .insert(key.to_owned(), json);
+            None
+        }
+        Err(_) => Some(value),
+    }
+}
+
+/// What [`stash`] put in annotation `key` of `meta`.
+pub(super) fn unstash<T: DeserializeOwned>(meta: &ObjectMeta, key: &str) -> Option<T> {
+    serde_json::from_str(meta.annotations.as_ref()?.get(key)?).ok()
+}
+
+/// The spec of a stored pod ([`compact`]).
+fn spec_of(p: &Pod) -> Option<PodSpec> {
+    p.spec.clone().or_else(|| unstash(&p.metadata, STORED_SPEC))
+}
+
+/// The status of a stored pod ([`compact`]).
+fn status_of(p: &Pod) -> Option<PodStatus> {
+    p.status
+        .clone()
+        .or_else(|| unstash(&p.metadata, STORED_STATUS))
+}
+
+/// A stored pod as the API server has it: spec and status restored, the stored form's
+/// annotations gone.
+fn restored(p: &Pod) -> Pod {
+    let mut whole = p.clone();
+    whole.spec = spec_of(p);
+    whole.status = status_of(p);
+    if let Some(a) = whole.metadata.annotations.as_mut() {
+        a.remove(STORED_SPEC);
+        a.remove(STORED_STATUS);
+        if a.is_empty() {
+            whole.metadata.annotations = None;
+        }
+    }
+    whole
+}
 
 /// What one node's reflector works with.
 struct Node {
@@ -126,13 +198,13 @@ impl Reflector {
         });
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let (store, writer) = reflector::store();
-        // Managed fields are the bulk of a stored pod and nothing here reads them.
         let pods = watcher(api, config)
             .default_backoff()
-            .modify(|p: &mut Pod| p.metadata.managed_fields = None)
+            .modify(compact)
             .reflect(writer)
             .touched_objects();
         let run = Controller::for_stream(pods, store)
+            .with_config(controller::Config::default().concurrency(AT_ONCE))
             .reconcile_on(shadow_pod_changes(changes, ctx.clone()))
             .graceful_shutdown_on(stop.clone().cancelled_owned())
             .run(reflect, error_policy, ctx)
@@ -287,14 +359,20 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         }
     };
     let remote: Api<ShadowPod> = Api::namespaced(access.client.clone(), &twin);
-    let token = match pod.spec.as_ref().filter(|s| translate::mounts_token(s)) {
-        Some(spec) => {
-            let sa = translate::service_account(spec);
-            Some(tokens::ensure(&node.octx, &node.provider, &access, &ns, &twin, sa).await?)
-        }
-        None => None,
+    // Every pod has one: none here is a stored form that could not be read back, and a
+    // ShadowPod written from an empty spec would be refused or run nothing.
+    let Some(spec) = spec_of(pod) else {
+        return Err(Error::Invalid(format!(
+            "pod {ns}/{name}: its stored spec is unreadable"
+        )));
     };
-    let wanted = shadow_pod(pod, node, ctx.cluster_id(), token.as_deref());
+    let token = if translate::mounts_token(&spec) {
+        let sa = translate::service_account(&spec);
+        Some(tokens::ensure(&node.octx, &node.provider, &access, &ns, &twin, sa).await?)
+    } else {
+        None
+    };
+    let wanted = shadow_pod(pod, &spec, node, ctx.cluster_id(), token.as_deref());
     let watched = node
         .octx
         .watched
@@ -346,6 +424,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
     } else {
         current.expect("not stale, so present")
     };
+    let remote_status = watched::pod_status(&current);
     let st = current.status.unwrap_or_default();
     if st.phase.as_deref() == Some("Rejected") {
         let c = st.conditions.iter().find(|c| c.type_ == "Ready");
@@ -358,7 +437,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         set_waiting(&local, pod, reason, &message).await?;
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
-    let Some(remote_status) = st.pod else {
+    let Some(remote_status) = remote_status else {
         set_waiting(
             &local,
             pod,
@@ -383,8 +462,14 @@ fn unseen(node: &Node) -> std::sync::MutexGuard<'_, Unseen> {
     node.unseen.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The ShadowPod standing for `pod`.
-fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId, token: Option<&str>) -> ShadowPod {
+/// The ShadowPod standing for `pod`, whose spec is `spec`.
+fn shadow_pod(
+    pod: &Pod,
+    spec: &PodSpec,
+    node: &Node,
+    consumer: &ClusterId,
+    token: Option<&str>,
+) -> ShadowPod {
     let mut lbls = pod.labels().clone();
     lbls.insert(labels::VIRTUAL_NODE.to_owned(), node.name.clone());
     let annotations = pod
@@ -401,7 +486,7 @@ fn shadow_pod(pod: &Pod, node: &Node, consumer: &ClusterId, token: Option<&str>)
         },
         spec: ShadowPodSpec {
             consumer_cluster_id: consumer.as_str().to_owned(),
-            pod: translate::shadow_spec(&pod.spec.clone().unwrap_or_default(), token),
+            pod: translate::shadow_spec(spec, token),
         },
         status: None,
     }
@@ -437,7 +522,7 @@ async fn set_waiting(
     reason: &str,
     message: &str,
 ) -> Result<(), Error> {
-    let old = pod.status.clone().unwrap_or_default();
+    let old = status_of(pod).unwrap_or_default();
     let mut st = PodStatus {
         phase: Some("Pending".into()),
         conditions: Some(vec![PodCondition {
@@ -467,11 +552,11 @@ async fn set_waiting(
 }
 
 async fn write_status(local: &Api<Pod>, pod: &Pod, status: PodStatus) -> Result<(), Error> {
-    if pod.status.as_ref() == Some(&status) {
+    if status_of(pod).as_ref() == Some(&status) {
         return Ok(());
     }
     let name = pod.name_any();
-    let mut next = pod.clone();
+    let mut next = restored(pod);
     next.status = Some(status);
     // Managed fields are the server's to keep.
     next.metadata.managed_fields = None;
@@ -492,6 +577,53 @@ async fn write_status(local: &Api<Pod>, pod: &Pod, status: PodStatus) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_compact_pod_gives_back_its_spec_and_restores_to_what_the_server_has() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-1", "namespace": "shop", "uid": "u-1", "resourceVersion": "7",
+                "labels": {"app": "web"},
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}],
+            },
+            "spec": {
+                "nodeName": "tether-b",
+                "containers": [{"name": "web", "image": "nginx", "ports": [{"containerPort": 80}]}],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "tolerations": [{"key": "tether.dev/virtual-node", "operator": "Exists"}],
+            },
+            "status": {"phase": "Pending"},
+        }))
+        .expect("pod");
+        let mut stored = pod.clone();
+        compact(&mut stored);
+        assert_eq!(stored.spec, None, "the spec is kept as text");
+        assert_eq!(stored.status, None, "so is the status");
+        assert_eq!(stored.metadata.managed_fields, None);
+        assert_eq!(spec_of(&stored), pod.spec);
+        assert_eq!(status_of(&stored), pod.status);
+
+        let mut expected = pod.clone();
+        expected.metadata.managed_fields = None;
+        assert_eq!(
+            restored(&stored),
+            expected,
+            "no annotation of its own is left"
+        );
+
+        // A pod with annotations of its own keeps them.
+        let mut annotated = pod.clone();
+        annotated.metadata.annotations = Some(BTreeMap::from([("a".into(), "b".into())]));
+        let mut stored = annotated.clone();
+        compact(&mut stored);
+        assert_eq!(
+            restored(&stored).metadata.annotations,
+            annotated.metadata.annotations
+        );
+        // An uncompacted pod (nothing stored as text) is read as it is.
+        assert_eq!(spec_of(&pod), pod.spec);
+        assert_eq!(status_of(&pod), pod.status);
+    }
 
     #[test]
     fn a_written_shadow_pod_is_awaited_until_seen_changed_or_ten_seconds_old() {

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{ObjectReference, PodStatus};
 use k8s_openapi::api::events::v1::Event;
 use kube::Resource;
 use kube::api::{Api, ObjectMeta};
@@ -119,6 +119,19 @@ impl Default for Watched {
 /// copy no longer carries.
 pub const POD_SPEC_DIGEST: &str = "tether.dev/watched-pod-spec-digest";
 
+/// On a watched ShadowPod only (it is never written back): the `status.pod` the provider
+/// reported, as JSON text, which the copy no longer carries as a struct (see [`trim`]).
+pub const POD_STATUS: &str = "tether.dev/watched-pod-status";
+
+/// The pod status a ShadowPod carries, whether watched ([`POD_STATUS`]) or as written.
+pub fn pod_status(sp: &ShadowPod) -> Option<PodStatus> {
+    let status = sp.status.as_ref()?;
+    status
+        .pod
+        .clone()
+        .or_else(|| super::pods::unstash(&sp.metadata, POD_STATUS))
+}
+
 /// The digest of the pod spec a watched ShadowPod had at the provider.
 pub fn pod_spec_digest(sp: &ShadowPod) -> Option<&str> {
     sp.metadata
@@ -130,9 +143,10 @@ pub fn pod_spec_digest(sp: &ShadowPod) -> Option<&str> {
 
 /// Drops from a watched object what no reader of the store uses: managed fields, the bulk of
 /// any object; of a ShadowPod, its pod spec, which the pod reflector only compares with the
-/// one it wants (the digest stands for it, see [`POD_SPEC_DIGEST`]); and of an Event (a burst
-/// leaves several per pod in a twin), all but what [`super::reflect`] copies back and
-/// compares.
+/// one it wants (the digest stands for it, see [`POD_SPEC_DIGEST`]), and the struct of its
+/// pod status, kept as text instead ([`POD_STATUS`]: a deserialised status takes about twice
+/// its JSON, and it is read only when its pod is reconciled); and of an Event (a burst leaves
+/// several per pod in a twin), all but what [`super::reflect`] copies back and compares.
 fn trim<K: Watchable>(o: &mut K) {
     o.meta_mut().managed_fields = None;
     let any: &mut dyn Any = o;
@@ -142,6 +156,11 @@ fn trim<K: Watchable>(o: &mut K) {
             POD_SPEC_DIGEST.to_owned(),
             super::shadow_pods::whole_spec_digest(&spec),
         );
+        if let Some(status) = sp.status.as_mut()
+            && let Some(pod) = status.pod.take()
+        {
+            status.pod = super::pods::stash(&mut sp.metadata, POD_STATUS, pod);
+        }
         return;
     }
     let Some(e) = any.downcast_mut::<Event>() else {
@@ -274,7 +293,7 @@ impl Watched {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{Container, PodSpec};
-    use tether_api::offloading::ShadowPodSpec;
+    use tether_api::offloading::{ShadowPodSpec, ShadowPodStatus};
 
     use super::*;
 
@@ -324,5 +343,36 @@ mod tests {
         assert_ne!(pod_spec_digest(&v1), pod_spec_digest(&v2));
         // An untrimmed ShadowPod has none (the reflector then writes it).
         assert_eq!(pod_spec_digest(&shadow_pod("app:1")), None);
+    }
+
+    #[test]
+    fn a_watched_shadow_pod_keeps_its_pod_status_as_text_and_gives_it_back() {
+        let status: PodStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Running",
+            "podIP": "10.0.0.7",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{
+                "name": "app", "image": "app:1", "imageID": "", "ready": true,
+                "restartCount": 2, "state": {"running": {"startedAt": "2026-11-28T05:00:00Z"}},
+            }],
+        }))
+        .expect("status");
+        let mut sp = shadow_pod("app:1");
+        sp.status = Some(ShadowPodStatus {
+            phase: Some("Running".into()),
+            conditions: Vec::new(),
+            pod: Some(status.clone()),
+        });
+        assert_eq!(pod_status(&sp).as_ref(), Some(&status), "as written");
+        trim(&mut sp);
+        let kept = sp.status.as_ref().expect("status");
+        assert_eq!(kept.pod, None, "no struct kept");
+        assert_eq!(kept.phase.as_deref(), Some("Running"));
+        assert_eq!(pod_status(&sp), Some(status), "as watched");
+
+        // No status yet: none, before and after.
+        let mut fresh = shadow_pod("app:1");
+        trim(&mut fresh);
+        assert_eq!(pod_status(&fresh), None);
     }
 }
