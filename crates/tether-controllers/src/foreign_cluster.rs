@@ -780,7 +780,7 @@ async fn network_step(
 ) -> NetOutcome {
     let provider = match fctx
         .clients
-        .get(remote.as_str(), version, &s.kubeconfig)
+        .clients(remote.as_str(), version, &s.kubeconfig)
         .await
     {
         Ok(c) => c,
@@ -794,7 +794,8 @@ async fn network_step(
     };
     let in_band = fc.spec.provider.as_ref().is_some_and(|p| p.in_band);
     let access = Access {
-        client: provider,
+        client: provider.api,
+        upgrades: provider.upgrades,
         namespace: s.remote_namespace.clone(),
         version: version.to_owned(),
     };

@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde::Serialize;
 use tether_api::ClusterId;
 use tether_api::names::{self, objects};
+use tether_runtime::transport::{self, Protocols};
 
 use crate::kubeconfig::Stored;
 use crate::offloading::watched::{Watchable, Watched};
@@ -19,7 +20,7 @@ use crate::{Error, applied};
 /// Clients for providers' API servers, rebuilt when the kubeconfig Secret changes.
 #[derive(Default)]
 pub struct ProviderClients {
-    by_cluster: Mutex<HashMap<String, (String, kube::Client)>>,
+    by_cluster: Mutex<HashMap<String, (String, Clients)>>,
     /// The last answer of [`ProviderClients::access`] per provider, with when it was read.
     recent: Mutex<HashMap<String, (Instant, Option<Access>)>>,
 }
@@ -27,12 +28,23 @@ pub struct ProviderClients {
 /// How long [`ProviderClients::recent_access`] reuses an answer.
 const RECENT: Duration = Duration::from_secs(2);
 
+/// The two clients of one identity at a provider.
+#[derive(Clone)]
+pub struct Clients {
+    /// Requests and watches, over HTTP/2 where the provider offers it.
+    pub api: kube::Client,
+    /// Requests upgraded to a stream (exec, attach, port-forward), over HTTP/1.1.
+    pub upgrades: kube::Client,
+}
+
 /// What this cluster may reach at one provider: a client with the identity the provider
 /// issued, and the tenant namespace that identity is confined to there.
 #[derive(Clone)]
 pub struct Access {
     /// The client.
     pub client: kube::Client,
+    /// The client for upgraded requests, with the same identity.
+    pub upgrades: kube::Client,
     /// The tenant namespace at the provider.
     pub namespace: String,
     /// Which identity the client holds (the kubeconfig Secret's resource version): what was
@@ -57,6 +69,17 @@ impl ProviderClients {
         version: &str,
         kubeconfig: &str,
     ) -> Result<kube::Client, String> {
+        Ok(self.clients(cluster, version, kubeconfig).await?.api)
+    }
+
+    /// Both clients for `cluster` whose kubeconfig Secret is at `version`; built once per
+    /// version.
+    pub async fn clients(
+        &self,
+        cluster: &str,
+        version: &str,
+        kubeconfig: &str,
+    ) -> Result<Clients, String> {
         if let Some((v, c)) = self
             .by_cluster
             .lock()
@@ -74,13 +97,18 @@ impl ProviderClients {
         )
         .await
         .map_err(|e| format!("the stored kubeconfig is unusable: {e}"))?;
-        let client =
-            kube::Client::try_from(config).map_err(|e| format!("building a client: {e}"))?;
+        let build = |protocols| {
+            transport::client(&config, protocols).map_err(|e| format!("building a client: {e}"))
+        };
+        let clients = Clients {
+            api: build(Protocols::Negotiated)?,
+            upgrades: build(Protocols::Http1)?,
+        };
         self.by_cluster
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(cluster.to_owned(), (version.to_owned(), client.clone()));
-        Ok(client)
+            .insert(cluster.to_owned(), (version.to_owned(), clients.clone()));
+        Ok(clients)
     }
 
     /// Drops the client of `cluster` (its identity was replaced or revoked).
@@ -151,12 +179,13 @@ impl ProviderClients {
         let Some(stored) = Stored::from_secret(&secret) else {
             return Ok(None);
         };
-        let client = self
-            .get(provider.as_str(), &version, &stored.kubeconfig)
+        let clients = self
+            .clients(provider.as_str(), &version, &stored.kubeconfig)
             .await
             .map_err(|e| Error::Invalid(format!("the identity issued by {provider}: {e}")))?;
         Ok(Some(Access {
-            client,
+            client: clients.api,
+            upgrades: clients.upgrades,
             namespace: stored.remote_namespace,
             version,
         }))

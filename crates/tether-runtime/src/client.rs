@@ -107,7 +107,8 @@ pub async fn client_from(
             (config, "~/.kube/config".to_owned())
         }
     };
-    kube::Client::try_from(config).map_err(|source| RuntimeError::Client { from, source })
+    crate::transport::client(&config, crate::transport::Protocols::Negotiated)
+        .map_err(|source| RuntimeError::Client { from, source })
 }
 
 fn options(context: Option<&str>) -> KubeConfigOptions {

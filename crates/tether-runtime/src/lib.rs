@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod shutdown;
 pub mod telemetry;
 pub mod tools;
+pub mod transport;
 
 pub use admin::{AdminError, AdminServer};
 pub use args::{AdminArgs, parse_duration};

@@ -128,6 +128,8 @@ pub struct ServerState {
     /// How admission webhooks named by a Service reach its endpoints; none dials them from
     /// this process's network namespace.
     pub webhook_dialer: RwLock<Option<crate::admission::webhooks::WebhookDialer>>,
+    /// Connections to webhooks, reused between calls.
+    pub webhook_connections: crate::admission::webhooks::WebhookConnections,
 }
 
 impl std::fmt::Debug for ServerState {

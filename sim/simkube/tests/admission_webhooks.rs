@@ -523,6 +523,42 @@ async fn namespace_and_object_selectors_choose_who_is_called() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn calls_reuse_the_connection_to_a_webhook() {
+    let hooks = Hooks::start().await;
+    let cluster = Cluster::builder().start().await.expect("cluster");
+    let client = cluster.client();
+    mutating(
+        &client,
+        "reuse",
+        json!([webhook(
+            "reuse.tether.test",
+            hooks.url("mutate"),
+            rule(&["CREATE"], &[""], &["pods"]),
+            json!({}),
+        )]),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for i in 0..10 {
+        let created = pods
+            .create(&PostParams::default(), &pod(&format!("p{i}"), json!({})))
+            .await
+            .expect("create pod");
+        assert!(webhooked(&created), "call {i} went through");
+    }
+    assert_eq!(hooks.seen.requests("mutate").len(), 10);
+    assert_eq!(
+        hooks
+            .server
+            .accepted
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "ten calls one after the other share one connection"
+    );
+    cluster.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn rules_match_operations_subresources_and_custom_resources() {
     let hooks = Hooks::start().await;
     let cluster = Cluster::builder().start().await.expect("cluster");

@@ -51,7 +51,7 @@ use self::callers::{Caller, ClientCa, RequestClientCert, Verdict};
 use crate::Error;
 use crate::context::Ctx;
 use crate::https::PeerCertificates;
-use crate::providers::ProviderClients;
+use crate::providers::{Access, ProviderClients};
 
 /// The header SPDY upgrades name their sub-protocol in (`portforward.k8s.io`, ...).
 const STREAM_PROTOCOL: HeaderName = HeaderName::from_static("x-stream-protocol-version");
@@ -471,7 +471,7 @@ async fn locate(
     kubelet: &Kubelet,
     target: &Target,
     pod: Option<Pod>,
-) -> Result<(kube::Client, String), Refusal> {
+) -> Result<(Access, String), Refusal> {
     let client = &kubelet.ctx.client;
     let ns = &target.namespace;
     let pod = pod.ok_or_else(|| {
@@ -524,7 +524,7 @@ async fn locate(
         .await
         .map_err(|e| Refusal::internal(&e))?
         .map_err(unavailable)?;
-    Ok((access.client, twin))
+    Ok((access, twin))
 }
 
 async fn forward(
@@ -539,12 +539,12 @@ async fn forward(
     // Bad parameters are refused before the provider is looked up.
     provider_request(target, "-", &query)
         .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", m))?;
-    let (client, twin) = locate(kubelet, target, pod).await?;
+    let (access, twin) = locate(kubelet, target, pod).await?;
     let outgoing = provider_request(target, &twin, &query)
         .map_err(|m| Refusal::new(StatusCode::BAD_REQUEST, "bad_request", m))?;
     match target.operation {
-        Operation::Logs => logs(&client, outgoing).await,
-        _ => relay_upgrade(&client, request, outgoing).await,
+        Operation::Logs => logs(&access.client, outgoing).await,
+        _ => relay_upgrade(&access.upgrades, request, outgoing).await,
     }
 }
 
@@ -865,7 +865,9 @@ mod tests {
                 .parse()
                 .expect("provider URL"),
         );
-        let client = kube::Client::try_from(config).expect("client");
+        let client =
+            tether_runtime::transport::client(&config, tether_runtime::transport::Protocols::Http1)
+                .expect("client");
         let relay = Router::new().fallback(move |request: http::Request<Body>| {
             let client = client.clone();
             async move {

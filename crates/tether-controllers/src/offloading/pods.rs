@@ -152,7 +152,7 @@ impl Unseen {
 /// The local pods whose ShadowPods at `node`'s provider changed: each is reconciled as the
 /// change arrives, not at its next periodic look.
 fn shadow_pod_changes(
-    changes: tokio::sync::broadcast::Receiver<Change>,
+    changes: tokio::sync::broadcast::Receiver<Arc<Change>>,
     node: Arc<Node>,
 ) -> impl futures::Stream<Item = ObjectRef<Pod>> + Send + 'static {
     let received = futures::stream::unfold(changes, |mut rx| async move {

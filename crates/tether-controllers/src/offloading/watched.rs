@@ -75,8 +75,9 @@ impl Drop for Entry {
 
 /// How many changes a slow subscriber may fall behind before it misses some (it then finds
 /// them on its next periodic pass). Every slot is allocated up front and holds its last
-/// change until overwritten, so this is memory the process keeps. Only ShadowPod changes
-/// are sent, three or four per pod on its way to Ready, so a burst of a thousand pods fits.
+/// change until overwritten, so this is memory the process keeps: a slot holds a pointer,
+/// not the change. Only ShadowPod changes are sent, three or four per pod on its way to
+/// Ready, so a burst of a thousand pods fits.
 const CHANGES: usize = 4096;
 
 /// One object a provider's watch saw change (applied or deleted).
@@ -102,7 +103,7 @@ impl Change {
 /// The open watches; dropping it closes them all (a leader's term ends).
 pub struct Watched {
     entries: Mutex<HashMap<Key, Entry>>,
-    changes: tokio::sync::broadcast::Sender<Change>,
+    changes: tokio::sync::broadcast::Sender<Arc<Change>>,
 }
 
 impl Default for Watched {
@@ -190,7 +191,7 @@ fn trim<K: Watchable>(o: &mut K) {
 
 impl Watched {
     /// The ShadowPod changes every watch sees from now on.
-    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Change> {
+    pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Change>> {
         self.changes.subscribe()
     }
 
@@ -262,12 +263,12 @@ impl Watched {
                         if kind == std::any::type_name::<ShadowPod>() =>
                     {
                         // Nobody listening is fine: readers still find it in the store.
-                        let _ = changes.send(Change {
+                        let _ = changes.send(Arc::new(Change {
                             provider: p.clone(),
                             namespace: n.clone(),
                             name: o.meta().name.clone().unwrap_or_default(),
                             kind,
-                        });
+                        }));
                     }
                     Ok(_) => {}
                     Err(e) => {

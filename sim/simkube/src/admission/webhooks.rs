@@ -10,13 +10,15 @@
 //! `--enable-aggregator-routing`); without a `caBundle` no server is trusted (kube-apiserver falls
 //! back to the system roots).
 
+use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use serde_json::{Map, Value, json};
@@ -807,12 +809,65 @@ fn go_io_error(e: &io::Error) -> String {
     }
 }
 
-async fn post(
-    state: &ServerState,
-    hook: &Hook,
-    target: &Target,
-    body: Bytes,
-) -> Result<Value, CallError> {
+/// How long an idle connection to a webhook is reused (Go's `IdleConnTimeout` in the
+/// transport kube-apiserver's webhook clients use).
+const IDLE_FOR: Duration = Duration::from_secs(90);
+/// How many idle connections to one webhook are kept.
+const IDLE_PER_WEBHOOK: usize = 25;
+
+/// Connections to webhooks kept open between calls, as kube-apiserver keeps its webhook
+/// clients' (a TLS handshake per admitted object would double the cost of a burst of pod
+/// creations). Keyed by where a call goes and whom it trusts.
+#[derive(Default)]
+pub struct WebhookConnections(Mutex<HashMap<String, Vec<(Instant, Sender)>>>);
+
+/// One HTTP/1.1 connection to a webhook, as a request sender.
+type Sender = SendRequest<Full<Bytes>>;
+
+impl WebhookConnections {
+    /// An idle connection for `key` that is still open, if any.
+    fn take(&self, key: &str) -> Option<Sender> {
+        let mut idle = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.get_mut(key)?;
+        while let Some((since, sender)) = list.pop() {
+            if since.elapsed() < IDLE_FOR && !sender.is_closed() {
+                return Some(sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps `sender` (its last answer fully read) for the next call to `key`.
+    fn put(&self, key: String, sender: Sender) {
+        let mut idle = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let list = idle.entry(key).or_default();
+        list.retain(|(since, s)| since.elapsed() < IDLE_FOR && !s.is_closed());
+        if list.len() < IDLE_PER_WEBHOOK && !sender.is_closed() {
+            list.push((Instant::now(), sender));
+        }
+    }
+}
+
+/// What makes two calls able to share a connection: the address and endpoint dialled, the
+/// name verified and the CAs trusted.
+fn connection_key(hook: &Hook, target: &Target) -> String {
+    format!(
+        "{}|{}|{}|{}",
+        target.addr,
+        target
+            .endpoint
+            .as_ref()
+            .and_then(|e| e.node_name.as_deref())
+            .unwrap_or_default(),
+        target.server_name,
+        hook.webhook["clientConfig"]["caBundle"]
+            .as_str()
+            .unwrap_or_default()
+    )
+}
+
+/// A new connection to `target`, verified against the hook's `caBundle`.
+async fn dial(state: &ServerState, hook: &Hook, target: &Target) -> Result<Sender, CallError> {
     let url = &target.url;
     let failed = |why: String| CallError::Call(format!("Post \"{url}\": {why}"));
     let connector = tls_connector(hook).map_err(failed)?;
@@ -841,23 +896,63 @@ async fn post(
         .connect(server_name, tcp)
         .await
         .map_err(|e| failed(format!("tls: failed to verify certificate: {e}")))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| failed(e.to_string()))?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    let request = http::Request::post(&target.path_and_query)
-        .header(http::header::HOST, &target.server_name)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .header(http::header::ACCEPT, "application/json, */*")
-        .header(http::header::USER_AGENT, "kube-apiserver-admission")
-        .body(Full::new(body))
-        .map_err(|e| failed(e.to_string()))?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
+    Ok(sender)
+}
+
+async fn post(
+    state: &ServerState,
+    hook: &Hook,
+    target: &Target,
+    body: Bytes,
+) -> Result<Value, CallError> {
+    let url = &target.url;
+    let failed = |why: String| CallError::Call(format!("Post \"{url}\": {why}"));
+    let request = || {
+        http::Request::post(&target.path_and_query)
+            .header(http::header::HOST, &target.server_name)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, */*")
+            .header(http::header::USER_AGENT, "kube-apiserver-admission")
+            .body(Full::new(body.clone()))
+            .map_err(|e| failed(e.to_string()))
+    };
+    let key = connection_key(hook, target);
+    let mut reused = state.webhook_connections.take(&key);
+    if let Some(sender) = &mut reused
+        && sender.ready().await.is_err()
+    {
+        reused = None;
+    }
+    let (mut sender, response) = match reused {
+        Some(mut sender) => match sender.send_request(request()?).await {
+            Ok(response) => (sender, response),
+            // The webhook closed the idle connection as the request went out (Go's transport
+            // retries such a request on a new connection too).
+            Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
+                let mut sender = dial(state, hook, target).await?;
+                let response = sender
+                    .send_request(request()?)
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                (sender, response)
+            }
+            Err(e) => return Err(failed(e.to_string())),
+        },
+        None => {
+            let mut sender = dial(state, hook, target).await?;
+            let response = sender
+                .send_request(request()?)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            (sender, response)
+        }
+    };
     let status = response.status();
     let limited = http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES);
     let bytes = limited
@@ -865,6 +960,9 @@ async fn post(
         .await
         .map_err(|e| failed(e.to_string()))?
         .to_bytes();
+    if sender.ready().await.is_ok() {
+        state.webhook_connections.put(key, sender);
+    }
     if !status.is_success() {
         let text = String::from_utf8_lossy(&bytes);
         return Err(CallError::Call(format!(

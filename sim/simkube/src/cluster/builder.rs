@@ -277,6 +277,7 @@ impl ClusterBuilder {
             )),
             rbac_cache: Mutex::new(None),
             webhook_dialer: RwLock::new(None),
+            webhook_connections: Default::default(),
         });
         let _ = slot.set(Arc::downgrade(&state));
         let listener = bind(self.bind).await?;

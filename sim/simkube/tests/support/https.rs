@@ -3,6 +3,7 @@
 //! a CA of its own.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
 use base64::Engine as _;
@@ -18,6 +19,8 @@ pub(crate) struct TlsServer {
     pub(crate) ca_pem: String,
     /// The same, base64 as a webhook's `caBundle` carries it.
     pub(crate) ca_bundle: String,
+    /// How many TLS connections it has accepted.
+    pub(crate) accepted: Arc<AtomicUsize>,
 }
 
 impl TlsServer {
@@ -56,16 +59,19 @@ pub(crate) async fn serve(app: Router, names: &[&str], ca_name: &str) -> TlsServ
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let port = listener.local_addr().expect("addr").port();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            let (acceptor, app) = (acceptor.clone(), app.clone());
+            let (acceptor, app, count) = (acceptor.clone(), app.clone(), count.clone());
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else {
                     return;
                 };
+                count.fetch_add(1, Ordering::SeqCst);
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(
                         TokioIo::new(tls),
@@ -79,5 +85,6 @@ pub(crate) async fn serve(app: Router, names: &[&str], ca_name: &str) -> TlsServ
         port,
         ca_pem,
         ca_bundle,
+        accepted,
     }
 }
