@@ -26,6 +26,7 @@ use crate::context::Ctx;
 use crate::providers::ProviderClients;
 
 pub mod kubelet;
+pub mod listed;
 pub mod local;
 pub mod namespaces;
 pub mod placement;

@@ -16,6 +16,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 
+use super::listed::{self, Listed};
 use crate::Error;
 
 /// How long the first listing of a kind may take before a read fails.
@@ -35,6 +36,8 @@ impl<K> Cached for K where
 struct Entry {
     /// A `Store<K>` for the entry's kind.
     store: Box<dyn Any + Send + Sync>,
+    /// Whether the store has had its first listing.
+    listed: Listed,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -82,26 +85,29 @@ impl Local {
     }
 
     async fn ready<K: Cached>(&self) -> Result<Store<K>, Error> {
-        let store = self.store::<K>();
-        match tokio::time::timeout(FIRST_LIST, store.wait_until_ready()).await {
-            Ok(Ok(())) => Ok(store),
-            Ok(Err(_)) | Err(_) => Err(Error::Timeout(format!(
+        let (store, listed) = self.store::<K>();
+        if listed.wait(FIRST_LIST).await {
+            Ok(store)
+        } else {
+            Err(Error::Timeout(format!(
                 "listing {} of this cluster",
                 K::plural(&())
-            ))),
+            )))
         }
     }
 
-    fn store<K: Cached>(&self) -> Store<K> {
+    fn store<K: Cached>(&self) -> (Store<K>, Listed) {
         let kind: &'static str = std::any::type_name::<K>();
         let mut entries = self.entries.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(store) = entries
-            .get(kind)
-            .and_then(|e| e.store.downcast_ref::<Store<K>>())
-        {
-            return store.clone();
+        if let Some((store, listed)) = entries.get(kind).and_then(|e| {
+            e.store
+                .downcast_ref::<Store<K>>()
+                .map(|s| (s.clone(), e.listed.clone()))
+        }) {
+            return (store, listed);
         }
         let (store, writer) = reflector::store::<K>();
+        let (lister, listed) = listed::pair();
         // Managed fields are the bulk of a stored object and nothing here reads them.
         let stream = watcher(
             Api::<K>::all(self.client.clone()),
@@ -113,6 +119,7 @@ impl Local {
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
+                lister.saw(&event);
                 if let Err(e) = event {
                     tracing::warn!(kind, error = %e, "watching this cluster failed; retrying");
                 }
@@ -122,9 +129,10 @@ impl Local {
             kind,
             Entry {
                 store: Box::new(store.clone()),
+                listed: listed.clone(),
                 task,
             },
         );
-        store
+        (store, listed)
     }
 }

@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
 use tether_api::offloading::ShadowPod;
 
+use super::listed::{self, Listed};
 use crate::Error;
 use crate::providers::Access;
 
@@ -63,6 +64,8 @@ struct Entry {
     version: String,
     /// A `Store<K>` for the entry's kind.
     store: Box<dyn Any + Send + Sync>,
+    /// Whether the store has had its first listing.
+    listed: Listed,
     last_used: Instant,
     task: tokio::task::JoinHandle<()>,
 }
@@ -203,13 +206,14 @@ impl Watched {
         access: &Access,
         ns: &str,
     ) -> Result<Vec<Arc<K>>, Error> {
-        let store = self.store::<K>(provider, access, ns);
-        match tokio::time::timeout(FIRST_LIST, store.wait_until_ready()).await {
-            Ok(Ok(())) => Ok(store.state()),
-            Ok(Err(_)) | Err(_) => Err(Error::Timeout(format!(
+        let (store, listed) = self.store::<K>(provider, access, ns);
+        if listed.wait(FIRST_LIST).await {
+            Ok(store.state())
+        } else {
+            Err(Error::Timeout(format!(
                 "listing {} in {ns} at {provider}",
                 K::plural(&())
-            ))),
+            )))
         }
     }
 
@@ -221,17 +225,23 @@ impl Watched {
         ns: &str,
         name: &str,
     ) -> Result<Option<Arc<K>>, Error> {
-        let store = self.store::<K>(provider, access, ns);
-        match tokio::time::timeout(FIRST_LIST, store.wait_until_ready()).await {
-            Ok(Ok(())) => Ok(store.get(&reflector::ObjectRef::new(name).within(ns))),
-            Ok(Err(_)) | Err(_) => Err(Error::Timeout(format!(
+        let (store, listed) = self.store::<K>(provider, access, ns);
+        if listed.wait(FIRST_LIST).await {
+            Ok(store.get(&reflector::ObjectRef::new(name).within(ns)))
+        } else {
+            Err(Error::Timeout(format!(
                 "reading {} {ns}/{name} at {provider}",
                 K::kind(&())
-            ))),
+            )))
         }
     }
 
-    fn store<K: Watchable>(&self, provider: &ClusterId, access: &Access, ns: &str) -> Store<K> {
+    fn store<K: Watchable>(
+        &self,
+        provider: &ClusterId,
+        access: &Access,
+        ns: &str,
+    ) -> (Store<K>, Listed) {
         let kind: &'static str = std::any::type_name::<K>();
         let key = (provider.as_str().to_owned(), ns.to_owned(), kind);
         let now = Instant::now();
@@ -242,9 +252,10 @@ impl Watched {
             && let Some(store) = e.store.downcast_ref::<Store<K>>()
         {
             e.last_used = now;
-            return store.clone();
+            return (store.clone(), e.listed.clone());
         }
         let (store, writer) = reflector::store::<K>();
+        let (lister, listed) = listed::pair();
         let api: Api<K> = Api::namespaced(access.client.clone(), ns);
         // Managed fields are the bulk of a stored object and nothing here reads them.
         let stream = watcher(api, watcher::Config::default())
@@ -256,6 +267,7 @@ impl Watched {
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
+                lister.saw(&event);
                 match event {
                     // Only ShadowPods are reacted to; a burst's Events, several per pod,
                     // would push their changes out of the channel.
@@ -283,11 +295,12 @@ impl Watched {
             Entry {
                 version: access.version.clone(),
                 store: Box::new(store.clone()),
+                listed: listed.clone(),
                 last_used: now,
                 task,
             },
         );
-        store
+        (store, listed)
     }
 }
 
