@@ -929,29 +929,25 @@ async fn post(
     {
         reused = None;
     }
+    let fresh = || async {
+        let mut sender = dial(state, hook, target).await?;
+        let response = sender
+            .send_request(request()?)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        Ok::<_, CallError>((sender, response))
+    };
     let (mut sender, response) = match reused {
         Some(mut sender) => match sender.send_request(request()?).await {
             Ok(response) => (sender, response),
             // The webhook closed the idle connection as the request went out (Go's transport
             // retries such a request on a new connection too).
             Err(e) if e.is_canceled() || e.is_closed() || e.is_incomplete_message() => {
-                let mut sender = dial(state, hook, target).await?;
-                let response = sender
-                    .send_request(request()?)
-                    .await
-                    .map_err(|e| failed(e.to_string()))?;
-                (sender, response)
+                fresh().await?
             }
             Err(e) => return Err(failed(e.to_string())),
         },
-        None => {
-            let mut sender = dial(state, hook, target).await?;
-            let response = sender
-                .send_request(request()?)
-                .await
-                .map_err(|e| failed(e.to_string()))?;
-            (sender, response)
-        }
+        None => fresh().await?,
     };
     let status = response.status();
     let limited = http_body_util::Limited::new(response.into_body(), MAX_RESPONSE_BYTES);
