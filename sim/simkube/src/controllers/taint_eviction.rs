@@ -161,6 +161,11 @@ pub struct Schedule {
 }
 
 impl Schedule {
+    /// Whether no deletion is planned.
+    pub fn is_empty(&self) -> bool {
+        self.planned.is_empty()
+    }
+
     /// Applies the verdict for `pod` seen at `now`. A countdown already running is left as it
     /// is (as upstream: re-reading the node, even with another taint, never moves it), unless
     /// the pod must go now or may stay for ever.
@@ -290,15 +295,23 @@ impl Controller {
         let mut live = std::collections::HashSet::new();
         let mut by_ref: HashMap<PodRef, Arc<Pod>> = HashMap::new();
         for pod in pods.state() {
-            let node = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
+            let spec = pod.spec.as_ref();
+            let node = spec
+                .and_then(|s| s.node_name.as_deref())
                 .unwrap_or_default();
-            let Some(taints) = tainted.get(&node) else {
+            let Some(taints) = tainted.get(node) else {
                 continue;
             };
             if pod.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let tolerations = spec
+                .and_then(|s| s.tolerations.as_deref())
+                .unwrap_or_default();
+            let judged = verdict(taints, tolerations);
+            // Nothing planned and nothing to plan: a node whose thousand pods all tolerate its
+            // taint for good (a virtual node) costs no allocation per pod and pass.
+            if judged == Verdict::Stay && self.schedule.is_empty() {
                 continue;
             }
             let key = PodRef {
@@ -306,15 +319,7 @@ impl Controller {
                 name: pod.name_any(),
                 uid: pod.metadata.uid.clone().unwrap_or_default(),
             };
-            let tolerations = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.tolerations.clone())
-                .unwrap_or_default();
-            match self
-                .schedule
-                .observe(&key, verdict(taints, &tolerations), now)
-            {
+            match self.schedule.observe(&key, judged, now) {
                 Change::Cancelled => self.cancelled(&pod).await,
                 Change::Planned => {
                     let due = self.schedule.get(&key).map(|s| s.due);

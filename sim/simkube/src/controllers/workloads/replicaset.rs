@@ -3,23 +3,31 @@
 //! 4, ... at most 500 a pass, deletes the most expendable ones beyond it, adopts matching
 //! orphans, and reports replicas, fully labeled, ready and available (after `minReadySeconds`)
 //! counts.
+//!
+//! Like kube-controller-manager's, it reads pods from a watch cache rather than listing them at
+//! every pass (a list of a burst's thousand pods per pass was most of an API server's work),
+//! and keeps expectations: after it creates or deletes pods it changes nothing more for that
+//! ReplicaSet until its cache has seen those changes, so a lagging cache never doubles them.
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
-use futures::StreamExt as _;
 use futures::future::join_all;
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetStatus};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Client, ResourceExt as _};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{controlled_by, controller_ref, has_controller, selector_matches, selector_query};
+use super::{controlled_by, controller_ref, has_controller, selector_matches};
 use crate::controllers::is_status;
 
 /// Errors of one reconcile pass.
@@ -136,11 +144,15 @@ pub struct Plan {
 }
 
 /// Plans a pass from the ReplicaSet and the pods it controls.
-pub fn plan(rs: &ReplicaSet, owned: &[Pod], now: Timestamp) -> Plan {
+pub fn plan<P: Borrow<Pod>>(rs: &ReplicaSet, owned: &[P], now: Timestamp) -> Plan {
     let spec = rs.spec.clone().unwrap_or_default();
     let want = usize::try_from(spec.replicas.unwrap_or(1).max(0)).unwrap_or(0);
     let min_ready = i64::from(spec.min_ready_seconds.unwrap_or(0));
-    let mut active: Vec<&Pod> = owned.iter().filter(|p| is_active(p)).collect();
+    let mut active: Vec<&Pod> = owned
+        .iter()
+        .map(Borrow::borrow)
+        .filter(|p| is_active(p))
+        .collect();
     let mut out = Plan::default();
     if rs.metadata.deletion_timestamp.is_none() {
         if active.len() < want {
@@ -214,18 +226,153 @@ pub fn pod_from_template(rs: &ReplicaSet) -> Pod {
     }
 }
 
+/// How long a ReplicaSet waits at most for its cache to see the pods it created or deleted
+/// (kube-controller-manager's `ExpectationsTimeout`): a change the watch never reports does not
+/// stall it for good.
+pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The creations and deletions each ReplicaSet (by uid) made and its cache has not shown yet.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    by_set: HashMap<String, Pending>,
+}
+
+#[derive(Debug)]
+struct Pending {
+    creations: usize,
+    deletions: HashSet<String>,
+    since: Instant,
+}
+
+impl Expectations {
+    /// Records that `set` is about to create `creations` pods and delete `deletions`.
+    pub fn expect(&mut self, set: &str, creations: usize, deletions: &[String], now: Instant) {
+        let p = self.by_set.entry(set.to_owned()).or_insert(Pending {
+            creations: 0,
+            deletions: HashSet::new(),
+            since: now,
+        });
+        p.creations += creations;
+        p.deletions.extend(deletions.iter().cloned());
+        p.since = now;
+    }
+
+    /// The cache showed a new pod of `set`, or a creation failed.
+    pub fn created(&mut self, set: &str) {
+        if let Some(p) = self.by_set.get_mut(set) {
+            p.creations = p.creations.saturating_sub(1);
+        }
+    }
+
+    /// The cache showed pod `name` of `set` terminating or gone, or its deletion failed.
+    pub fn deleted(&mut self, set: &str, name: &str) {
+        if let Some(p) = self.by_set.get_mut(set) {
+            p.deletions.remove(name);
+        }
+    }
+
+    /// Whether `set` may create or delete pods: nothing it did is unseen, or it waited too long.
+    pub fn satisfied(&mut self, set: &str, now: Instant) -> bool {
+        let done = self.by_set.get(set).is_none_or(|p| {
+            (p.creations == 0 && p.deletions.is_empty())
+                || now.duration_since(p.since) >= EXPECTATIONS_TIMEOUT
+        });
+        if done {
+            self.by_set.remove(set);
+        }
+        done
+    }
+
+    /// How long until `set`'s expectations time out, if it has any.
+    pub fn left(&self, set: &str, now: Instant) -> Option<Duration> {
+        self.by_set
+            .get(set)
+            .map(|p| EXPECTATIONS_TIMEOUT.saturating_sub(now.duration_since(p.since)))
+    }
+
+    /// Forgets everything: after a relist, the cache is the truth again.
+    pub fn clear(&mut self) {
+        self.by_set.clear();
+    }
+}
+
+/// The uid of the pod's controller, if any.
+fn controller_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+}
+
 struct Context {
     client: Client,
+    pods: Store<Pod>,
+    /// Turns true once the pod cache has its first listing (every waiter sees it).
+    listed: tokio::sync::watch::Receiver<bool>,
+    expectations: Mutex<Expectations>,
+}
+
+impl Context {
+    fn expectations(&self) -> std::sync::MutexGuard<'_, Expectations> {
+        self.expectations
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lowers the expectations a pod event fulfils. Runs before the event reaches the cache, so
+    /// a pod missing from the cache is new to it.
+    fn observe(&self, event: &watcher::Event<Pod>) {
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                let Some(set) = controller_uid(pod) else {
+                    return;
+                };
+                if pod.metadata.deletion_timestamp.is_some() {
+                    self.expectations().deleted(set, &pod.name_any());
+                } else if self.pods.get(&ObjectRef::from_obj(pod)).is_none() {
+                    self.expectations().created(set);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(set) = controller_uid(pod) {
+                    self.expectations().deleted(set, &pod.name_any());
+                }
+            }
+            watcher::Event::Init => {}
+            watcher::Event::InitDone => self.expectations().clear(),
+        }
+    }
 }
 
 /// Runs the controller until `shutdown`.
 pub async fn run(client: Client, shutdown: CancellationToken) {
     let sets: Api<ReplicaSet> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client.clone());
+    let (pods, writer) = reflector::store::<Pod>();
+    let (listed_tx, listed) = tokio::sync::watch::channel(false);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        pods,
+        listed,
+        expectations: Mutex::default(),
+    });
+    let seen = ctx.clone();
+    let pod_events = watcher(Api::<Pod>::all(client), watcher::Config::default())
+        .default_backoff()
+        .map_ok(move |event| {
+            seen.observe(&event);
+            if matches!(event, watcher::Event::InitDone) {
+                listed_tx.send_replace(true);
+            }
+            event
+        })
+        .reflect(writer)
+        .touched_objects();
     Controller::new(sets, watcher::Config::default())
-        .owns(pods, watcher::Config::default())
+        .owns_stream(pod_events)
         .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, Arc::new(Context { client }))
+        .run(reconcile, error_policy, ctx)
         .for_each(|_| async {})
         .await;
 }
@@ -241,6 +388,10 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
     let Some(rs) = sets.get_opt(&cached.name_any()).await? else {
         return Ok(Action::await_change());
     };
+    // Until the cache has listed, it would show no pod and every set would create them all.
+    if ctx.listed.clone().wait_for(|l| *l).await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let uid = rs.metadata.uid.clone().unwrap_or_default();
     let selector = rs
         .spec
@@ -248,11 +399,11 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
         .map(|s| s.selector.clone())
         .unwrap_or_default();
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    let listed = pods_api
-        .list(&ListParams::default().labels(&selector_query(&selector)))
-        .await?;
-    let mut owned = Vec::new();
-    for pod in listed.items {
+    let mut owned: Vec<Arc<Pod>> = Vec::new();
+    for pod in ctx.pods.state() {
+        if pod.metadata.namespace.as_deref() != Some(namespace.as_str()) {
+            continue;
+        }
         if controlled_by(pod.metadata.owner_references.as_ref(), &uid) {
             owned.push(pod);
         } else if rs.metadata.deletion_timestamp.is_none()
@@ -264,38 +415,66 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
             )
             && let Some(adopted) = adopt(&pods_api, &rs, &pod).await?
         {
-            owned.push(adopted);
+            owned.push(Arc::new(adopted));
         }
     }
     let plan = plan(&rs, &owned, Timestamp::now());
+    let now = Instant::now();
+    let manage = ctx.expectations().satisfied(&uid, now);
     let template = pod_from_template(&rs);
     // Beyond the burst cap, the rest is for the next pass, which need not wait for a change.
-    let mut capped = plan.create > BURST_REPLICAS || plan.delete.len() > BURST_REPLICAS;
+    let mut capped = manage && (plan.create > BURST_REPLICAS || plan.delete.len() > BURST_REPLICAS);
     let (post, delete) = (PostParams::default(), DeleteParams::default());
-    for size in slow_start_batches(plan.create) {
-        let created = join_all((0..size).map(|_| pods_api.create(&post, &template))).await;
-        let mut refused = false;
-        for result in created {
-            match result {
-                Ok(_) => {}
+    let doomed = &plan.delete[..plan.delete.len().min(BURST_REPLICAS)];
+    if manage {
+        ctx.expectations()
+            .expect(&uid, plan.create.min(BURST_REPLICAS), doomed, now);
+        let mut batches = slow_start_batches(plan.create).into_iter();
+        while let Some(size) = batches.next() {
+            let created = join_all((0..size).map(|_| pods_api.create(&post, &template))).await;
+            let (mut refused, mut failed, mut missing) = (false, None, 0);
+            for result in created {
+                let Err(e) = result else { continue };
+                missing += 1;
                 // The namespace is terminating, or a quota or webhook refuses: the next
                 // change retries.
-                Err(e) if is_status(&e, 403) || is_status(&e, 409) => refused = true,
-                Err(e) => return Err(e.into()),
+                if is_status(&e, 403) || is_status(&e, 409) {
+                    refused = true;
+                } else {
+                    failed = Some(e);
+                }
+            }
+            if missing > 0 {
+                // What failed, and what this pass will not send, never shows up in the cache.
+                let unsent: usize = batches.clone().sum();
+                let mut ex = ctx.expectations();
+                for _ in 0..missing + unsent {
+                    ex.created(&uid);
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e.into());
+            }
+            if refused {
+                capped = false;
+                break;
             }
         }
-        if refused {
-            capped = false;
-            break;
+        let deleted = join_all(doomed.iter().map(|name| pods_api.delete(name, &delete))).await;
+        let mut failed = None;
+        for (name, result) in doomed.iter().zip(deleted) {
+            match result {
+                Ok(_) => {}
+                Err(e) => {
+                    ctx.expectations().deleted(&uid, name);
+                    if !is_status(&e, 404) {
+                        failed = Some(e);
+                    }
+                }
+            }
         }
-    }
-    let doomed = &plan.delete[..plan.delete.len().min(BURST_REPLICAS)];
-    let deleted = join_all(doomed.iter().map(|name| pods_api.delete(name, &delete))).await;
-    for result in deleted {
-        match result {
-            Ok(_) => {}
-            Err(e) if is_status(&e, 404) => {}
-            Err(e) => return Err(e.into()),
+        if let Some(e) = failed {
+            return Err(e.into());
         }
     }
     if rs.status.as_ref() != Some(&plan.status) {
@@ -314,10 +493,17 @@ async fn reconcile(cached: Arc<ReplicaSet>, ctx: Arc<Context>) -> Result<Action,
         }
     }
     let soon = capped.then_some(Duration::ZERO);
-    Ok(match soon.into_iter().chain(plan.requeue).min() {
-        Some(after) => Action::requeue(after),
-        None => Action::await_change(),
-    })
+    // Waiting on expectations: the pod events that meet them trigger the next pass, and the
+    // timeout ends the wait if they never come.
+    let expiry = (!manage)
+        .then(|| ctx.expectations().left(&uid, now))
+        .flatten();
+    Ok(
+        match soon.into_iter().chain(plan.requeue).chain(expiry).min() {
+            Some(after) => Action::requeue(after),
+            None => Action::await_change(),
+        },
+    )
 }
 
 /// Sets the ReplicaSet as controller of an orphan pod its selector matches.
@@ -443,6 +629,43 @@ mod tests {
             slow_start_batches(1000).iter().sum::<usize>(),
             BURST_REPLICAS
         );
+    }
+
+    #[test]
+    fn expectations_hold_a_set_until_its_cache_shows_what_it_did() {
+        let t0 = Instant::now();
+        let mut ex = Expectations::default();
+        assert!(ex.satisfied("u1", t0), "a set that did nothing is free");
+        ex.expect("u1", 2, &["old".to_owned()], t0);
+        assert!(!ex.satisfied("u1", t0));
+        assert!(ex.satisfied("u2", t0), "another set is not held");
+        ex.created("u1");
+        ex.deleted("u1", "old");
+        assert!(!ex.satisfied("u1", t0), "one creation is still unseen");
+        // Seeing more than was expected (an adopted or unrelated pod) does not go negative.
+        ex.created("u1");
+        ex.created("u1");
+        assert!(ex.satisfied("u1", t0));
+        ex.expect("u1", 1, &[], t0);
+        assert!(!ex.satisfied("u1", t0), "the surplus was not banked");
+    }
+
+    #[test]
+    fn expectations_time_out_and_a_relist_clears_them() {
+        let t0 = Instant::now();
+        let mut ex = Expectations::default();
+        ex.expect("u1", 1, &[], t0);
+        let later = t0 + Duration::from_secs(100);
+        assert!(!ex.satisfied("u1", later));
+        assert_eq!(
+            ex.left("u1", later),
+            Some(EXPECTATIONS_TIMEOUT - Duration::from_secs(100))
+        );
+        assert!(ex.satisfied("u1", t0 + EXPECTATIONS_TIMEOUT));
+        assert_eq!(ex.left("u1", t0), None, "met expectations are forgotten");
+        ex.expect("u1", 3, &["a".to_owned()], t0);
+        ex.clear();
+        assert!(ex.satisfied("u1", t0));
     }
 
     #[test]
