@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use simkube::{ApiError, Cluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -455,6 +455,72 @@ async fn table_and_partial_metadata_negotiation() {
     assert_eq!(ev["type"], "ADDED");
     assert_eq!(ev["object"]["kind"], "Table");
     assert_eq!(ev["object"]["rows"][0]["cells"][0], "t2");
+    c.shutdown().await;
+}
+
+/// kube-apiserver answers writes in the negotiated representation too: a server-side apply
+/// with `as=PartialObjectMetadata` (kube's `patch_metadata`) stores the whole object and sends
+/// back its metadata only. Clients that do not read the answer save its bytes this way.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_answer_in_partial_object_metadata_when_asked() {
+    let c = Cluster::builder().start().await.expect("start");
+    let cms: Api<ConfigMap> = Api::default_namespaced(c.client());
+    let cm: ConfigMap = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "meta-only", "labels": {"a": "b"}},
+        "data": {"big": "x".repeat(4096)},
+    }))
+    .expect("cm");
+    let params = PatchParams::apply("contract").force();
+    let answer = cms
+        .patch_metadata("meta-only", &params, &Patch::Apply(&cm))
+        .await
+        .expect("apply, metadata back");
+    assert_eq!(answer.metadata.name.as_deref(), Some("meta-only"));
+    assert_eq!(answer.metadata.labels, cm.metadata.labels);
+    assert!(answer.metadata.uid.is_some() && answer.metadata.resource_version.is_some());
+    let managers: Vec<_> = answer
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .filter_map(|m| m.manager.as_deref())
+        .collect();
+    assert_eq!(managers, ["contract"]);
+    let stored = cms.get("meta-only").await.expect("get");
+    assert_eq!(stored.data, cm.data, "the whole object is stored");
+    assert_eq!(
+        stored.metadata.resource_version,
+        answer.metadata.resource_version
+    );
+    // On the wire: the answer is a PartialObjectMetadata without the data.
+    let body = serde_json::to_vec(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "meta-only"}, "data": {"big": "y"},
+    }))
+    .expect("body");
+    let (code, _, answer) = raw(
+        &c,
+        "PATCH",
+        "/api/v1/namespaces/default/configmaps/meta-only?fieldManager=contract&force=true",
+        &[
+            ("Content-Type", "application/apply-patch+yaml"),
+            (
+                "Accept",
+                "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+            ),
+        ],
+        &body,
+        true,
+    )
+    .await;
+    assert_eq!(code, 200);
+    let answer: Value = serde_json::from_slice(&answer).expect("json");
+    assert_eq!(answer["kind"], "PartialObjectMetadata");
+    assert_eq!(answer["apiVersion"], "meta.k8s.io/v1");
+    assert!(answer.get("data").is_none(), "{answer}");
+    let stored = cms.get("meta-only").await.expect("get");
+    assert_eq!(stored.data.expect("data")["big"], "y");
     c.shutdown().await;
 }
 

@@ -407,8 +407,11 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         return Ok(Action::requeue(Duration::from_secs(2)));
     }
     let current = if stale {
+        // Only the metadata comes back: the rest is what was sent and the provider's status,
+        // which this write does not change, and the whole object would cross the link once
+        // more for nothing (its watch event brings it anyway).
         let written = remote
-            .patch(
+            .patch_metadata(
                 &name,
                 &PatchParams::apply(FIELD_MANAGER).force(),
                 &Patch::Apply(&wanted),
@@ -420,7 +423,11 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
             )))?;
         tracing::debug!(pod = %name, namespace = %ns, twin = %twin, "shadow pod written");
         unseen(node).wrote(key, digest, Instant::now());
-        written
+        ShadowPod {
+            metadata: written.metadata,
+            spec: wanted.spec,
+            status: current.and_then(|c| c.status),
+        }
     } else {
         current.expect("not stale, so present")
     };

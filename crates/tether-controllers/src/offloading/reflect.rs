@@ -264,8 +264,9 @@ where
         let name = op.name();
         let outcome = op.outcome();
         let done = match &op {
+            // Metadata back only: the answer is not read, and it would cross the link.
             Op::Apply(k) => api
-                .patch(
+                .patch_metadata(
                     &name,
                     &PatchParams::apply(MANAGER).force(),
                     &Patch::Apply(k),

@@ -170,7 +170,8 @@ pub async fn ensure(
     let remote = Api::<Secret>::namespaced(access.client.clone(), twin);
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let patch = Patch::Apply(&secret);
-    let write = remote.patch(&name, &params, &patch);
+    // Metadata back only: the token need not cross the link a second time.
+    let write = remote.patch_metadata(&name, &params, &patch);
     let outcome = match tokio::time::timeout(CALL, write).await {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(e)) => Err(Error::kube(format!(

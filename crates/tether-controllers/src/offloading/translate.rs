@@ -49,8 +49,88 @@ pub fn service_account(spec: &PodSpec) -> &str {
 /// The pod spec a provider runs for a consumer's pod. `token_secret` is the Secret in the twin
 /// namespace holding the pod's ServiceAccount token, CA and namespace of the consumer: the
 /// token volume reads it under the same name and mounts, so the pod authenticates to the
-/// consumer's API server as itself. Without one the token volume is dropped.
+/// consumer's API server as itself. Without one the token volume is dropped. Values the
+/// provider's API server gives the Pod anyway (see [`drop_defaults`]) are left out.
 pub fn shadow_spec(pod: &PodSpec, token_secret: Option<&str>) -> PodSpec {
+    let mut spec = translated(pod, token_secret);
+    drop_defaults(&mut spec);
+    spec
+}
+
+/// The `tolerationSeconds` the DefaultTolerationSeconds admission gives a pod for these taints.
+const DEFAULT_TOLERATED: [&str; 2] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+];
+/// See [`DEFAULT_TOLERATED`].
+const DEFAULT_TOLERATION_SECONDS: i64 = 300;
+
+/// Removes what the consumer's API server defaulted and the provider's defaults to the same
+/// value when it creates the Pod. Each ShadowPod crosses the link three times (the apply, its
+/// watch's ADDED and the MODIFIED with its status), so these few hundred bytes count; a value
+/// that differs from the default is the user's and stays.
+pub fn drop_defaults(spec: &mut PodSpec) {
+    fn unless<T: PartialEq>(field: &mut Option<T>, default: &T) {
+        if field.as_ref() == Some(default) {
+            *field = None;
+        }
+    }
+    unless(&mut spec.dns_policy, &"ClusterFirst".to_owned());
+    unless(&mut spec.restart_policy, &"Always".to_owned());
+    unless(&mut spec.enable_service_links, &true);
+    unless(&mut spec.termination_grace_period_seconds, &30);
+    unless(&mut spec.security_context, &Default::default());
+    if let Some(ts) = spec.tolerations.as_mut() {
+        ts.retain(|t| {
+            !(t.key
+                .as_deref()
+                .is_some_and(|k| DEFAULT_TOLERATED.contains(&k))
+                && t.operator.as_deref() == Some("Exists")
+                && t.effect.as_deref() == Some("NoExecute")
+                && t.value.is_none()
+                && t.toleration_seconds == Some(DEFAULT_TOLERATION_SECONDS))
+        });
+    }
+    if spec.tolerations.as_ref().is_some_and(Vec::is_empty) {
+        spec.tolerations = None;
+    }
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        unless(
+            &mut c.termination_message_path,
+            &"/dev/termination-log".to_owned(),
+        );
+        unless(&mut c.termination_message_policy, &"File".to_owned());
+        if let Some(image) = c.image.as_deref() {
+            let default = default_pull_policy(image).to_owned();
+            unless(&mut c.image_pull_policy, &default);
+        }
+        for port in c.ports.iter_mut().flatten() {
+            unless(&mut port.protocol, &"TCP".to_owned());
+        }
+    }
+}
+
+/// The `imagePullPolicy` Kubernetes gives a container without one: `Always` for the `latest`
+/// tag, or no tag and no digest; else `IfNotPresent`.
+pub fn default_pull_policy(image: &str) -> &'static str {
+    let (name, digest) = match image.split_once('@') {
+        Some((name, _)) => (name, true),
+        None => (image, false),
+    };
+    let last = name.rsplit('/').next().unwrap_or(name);
+    match last.split_once(':') {
+        Some((_, "latest")) => "Always",
+        Some(_) => "IfNotPresent",
+        None if digest => "IfNotPresent",
+        None => "Always",
+    }
+}
+
+fn translated(pod: &PodSpec, token_secret: Option<&str>) -> PodSpec {
     let mut spec = pod.clone();
     // The consumer's scheduler placed the pod on the virtual node; the provider schedules it
     // again among its own nodes, where none of these mean anything.
@@ -320,6 +400,98 @@ mod tests {
               ]
             }"#]]
         .assert_eq(&json);
+    }
+
+    #[test]
+    fn what_the_providers_api_server_defaults_anyway_is_left_out() {
+        let defaulted: PodSpec = serde_json::from_value(serde_json::json!({
+            "containers": [
+                {"name": "a", "image": "sleeper", "imagePullPolicy": "Always",
+                 "terminationMessagePath": "/dev/termination-log",
+                 "terminationMessagePolicy": "File",
+                 "ports": [{"containerPort": 80, "protocol": "TCP"}, {"containerPort": 53, "protocol": "UDP"}]},
+                {"name": "b", "image": "registry:5000/app:1.2", "imagePullPolicy": "IfNotPresent",
+                 "terminationMessagePath": "/tmp/why", "terminationMessagePolicy": "FallbackToLogsOnError"},
+                {"name": "c", "image": "app:latest", "imagePullPolicy": "IfNotPresent"},
+                {"name": "d", "image": "app@sha256:00", "imagePullPolicy": "Never"}
+            ],
+            "dnsPolicy": "ClusterFirst", "restartPolicy": "Always", "enableServiceLinks": true,
+            "terminationGracePeriodSeconds": 30, "securityContext": {},
+            "tolerations": [
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 60}
+            ]
+        }))
+        .expect("spec");
+        let s = shadow_spec(&defaulted, None);
+        let json = serde_json::to_string_pretty(&s).expect("json");
+        expect![[r#"
+            {
+              "automountServiceAccountToken": false,
+              "containers": [
+                {
+                  "image": "sleeper",
+                  "name": "a",
+                  "ports": [
+                    {
+                      "containerPort": 80
+                    },
+                    {
+                      "containerPort": 53,
+                      "protocol": "UDP"
+                    }
+                  ]
+                },
+                {
+                  "image": "registry:5000/app:1.2",
+                  "name": "b",
+                  "terminationMessagePath": "/tmp/why",
+                  "terminationMessagePolicy": "FallbackToLogsOnError"
+                },
+                {
+                  "image": "app:latest",
+                  "imagePullPolicy": "IfNotPresent",
+                  "name": "c"
+                },
+                {
+                  "image": "app@sha256:00",
+                  "imagePullPolicy": "Never",
+                  "name": "d"
+                }
+              ],
+              "tolerations": [
+                {
+                  "effect": "NoExecute",
+                  "key": "node.kubernetes.io/unreachable",
+                  "operator": "Exists",
+                  "tolerationSeconds": 60
+                }
+              ]
+            }"#]]
+        .assert_eq(&json);
+        // A user's own choices stay even where they look like defaults elsewhere.
+        let mut own = defaulted;
+        own.restart_policy = Some("OnFailure".into());
+        own.termination_grace_period_seconds = Some(1);
+        let s = shadow_spec(&own, None);
+        assert_eq!(s.restart_policy.as_deref(), Some("OnFailure"));
+        assert_eq!(s.termination_grace_period_seconds, Some(1));
+    }
+
+    #[test]
+    fn pull_policies_default_by_tag() {
+        for (image, policy) in [
+            ("busybox", "Always"),
+            ("busybox:latest", "Always"),
+            ("busybox:1.36", "IfNotPresent"),
+            ("localhost:5000/busybox", "Always"),
+            ("localhost:5000/busybox:1", "IfNotPresent"),
+            ("busybox@sha256:abc", "IfNotPresent"),
+            ("busybox:latest@sha256:abc", "Always"),
+            ("busybox:1@sha256:abc", "IfNotPresent"),
+        ] {
+            assert_eq!(default_pull_policy(image), policy, "{image}");
+        }
     }
 
     fn token_volume() -> Volume {
