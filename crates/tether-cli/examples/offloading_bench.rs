@@ -3,7 +3,8 @@
 //! underlay: the consumer (one node, Tether installed), the provider (Tether installed, peered
 //! with the consumer, enough nodes for N pods) and a plain cluster with as many nodes as the
 //! provider and no Tether, so both runs start the same pods on the same number of node agents.
-//! For each N, the plain burst runs first and is deleted, then the offloaded one.
+//! For each N, the plain burst runs first and is deleted, then the offloaded one; each burst
+//! starts once the machine is quiet, so neither pays for the teardown of the one before.
 //!
 //! Prints, per N: time from the Deployment's create to all N pods Ready (in the consumer, and in
 //! the plain cluster) and their ratio; the reflection lag per pod (the consumer's watch seeing it
@@ -49,6 +50,8 @@ use common::{Bench, Cluster, Result, arg, kubectl, path};
 const NS: &str = "bench";
 const CONSUMER_ID: &str = "bench-a";
 const PROVIDER_ID: &str = "bench-b";
+/// The longest wait for the machine to be quiet before a burst.
+const QUIET_LIMIT: Duration = Duration::from_secs(90);
 /// Quiet time after a burst before the idle window starts, so the window does not include the
 /// tail of the burst's own work.
 const SETTLE: Duration = Duration::from_secs(10);
@@ -270,6 +273,31 @@ fn burst(
     }
 }
 
+/// Waits until the machine is quiet (under 10% busy for two seconds in a row, at most
+/// `limit`), so a burst does not pay for what the one before left behind: a deleted burst's
+/// pods take their processes and network namespaces down after the API has forgotten them.
+fn quiet(label: &str, limit: Duration) -> Result {
+    let start = Instant::now();
+    let mut calm = 0;
+    let mut last = machine_ticks()?;
+    while calm < 2 {
+        if start.elapsed() > limit {
+            eprintln!("{label}: the machine is still busy after {limit:?}; going on");
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let now = machine_ticks()?;
+        let busy = (now.0 - last.0) as f64 / (now.1 - last.1).max(1) as f64;
+        calm = if busy < 0.10 { calm + 1 } else { 0 };
+        last = now;
+    }
+    eprintln!(
+        "{label}: the machine was quiet after {:.0}s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 fn delete(c: &Cluster, name: &str) -> Result {
     kubectl(c, &["delete", "deployment", "-n", NS, name, "--wait=false"]).map(|_| ())
 }
@@ -340,6 +368,7 @@ struct Row {
     burst_controller_bytes: u64,
     burst_underlay_bytes: u64,
     burst_provider_requests: Vec<(String, u64)>,
+    burst_consumer_requests: Vec<(String, u64)>,
     idle: Idle,
     deletion: Duration,
 }
@@ -597,6 +626,7 @@ fn run() -> Result {
     for &n in &sizes {
         let name = format!("burst-{n}");
         // The plain cluster first, gone again before the offloaded burst starts.
+        quiet("before the plain burst", QUIET_LIMIT)?;
         let mark = CpuMark::now(&tags)?;
         let (_, plain_took) = burst(&rt, &bc, &plain_pods, &name, n, "plain")?;
         let plain_cpu = mark.since(&tags)?;
@@ -604,14 +634,15 @@ fn run() -> Result {
         delete(&plain, &name)?;
         plain_pods.wait_empty("the plain burst's pods gone", Duration::from_secs(300))?;
 
+        quiet("before the offloaded burst", QUIET_LIMIT)?;
         provider_pods.with(Seen::forget);
         let (b0, u0) = (meters.controller.read()?, meters.underlay.read()?);
-        let req0 = api_requests(&provider)?;
+        let (req0, creq0) = (api_requests(&provider)?, api_requests(&consumer)?);
         let mark = CpuMark::now(&tags)?;
         let (t0, took) = burst(&rt, &cc, &consumer_pods, &name, n, "offloaded")?;
         let offloaded_cpu = mark.since(&tags)?;
         let (b1, u1) = (meters.controller.read()?, meters.underlay.read()?);
-        let req1 = api_requests(&provider)?;
+        let (req1, creq1) = (api_requests(&provider)?, api_requests(&consumer)?);
         let rss_ready = memory_kib(meters.pid()?)?;
         let (remote_created, remote_ready) =
             provider_pods.with(|s| (s.created.clone(), s.ready.clone()));
@@ -689,6 +720,7 @@ fn run() -> Result {
             burst_controller_bytes: b1 - b0,
             burst_underlay_bytes: u1 - u0,
             burst_provider_requests: top_increases(&req0, &req1, 8),
+            burst_consumer_requests: top_increases(&creq0, &creq1, 10),
             idle,
             deletion,
         });
@@ -806,6 +838,10 @@ fn report(nodes: u8, idle0: &Idle, rss0: (u64, u64), rows: &[Row]) {
         println!(
             "  burst: provider API requests (all clients): {}",
             requests(&r.burst_provider_requests)
+        );
+        println!(
+            "  burst: consumer API requests (all clients): {}",
+            requests(&r.burst_consumer_requests)
         );
         println!(
             "  idle {:.0}s with {} pods: controller<->provider {} B ({:.2} kbit/s); all \
