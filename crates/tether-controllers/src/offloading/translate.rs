@@ -57,12 +57,13 @@ pub fn shadow_spec(pod: &PodSpec, token_secret: Option<&str>) -> PodSpec {
     spec
 }
 
-/// The `tolerationSeconds` the DefaultTolerationSeconds admission gives a pod for these taints.
+/// The taints the DefaultTolerationSeconds admission lets every pod tolerate for
+/// [`DEFAULT_TOLERATION_SECONDS`].
 const DEFAULT_TOLERATED: [&str; 2] = [
     "node.kubernetes.io/not-ready",
     "node.kubernetes.io/unreachable",
 ];
-/// See [`DEFAULT_TOLERATED`].
+/// How long DefaultTolerationSeconds tolerates [`DEFAULT_TOLERATED`].
 const DEFAULT_TOLERATION_SECONDS: i64 = 300;
 
 /// Removes what the consumer's API server defaulted and the provider's defaults to the same

@@ -155,7 +155,10 @@ fn trim<K: Watchable>(o: &mut K) {
     o.meta_mut().managed_fields = None;
     let any: &mut dyn Any = o;
     if let Some(sp) = any.downcast_mut::<ShadowPod>() {
-        let spec = std::mem::take(&mut sp.spec.pod);
+        let mut spec = std::mem::take(&mut sp.spec.pod);
+        // A ShadowPod written before its defaults were left out compares equal to its new
+        // form, so an upgraded consumer does not rewrite it (and restart the pod) for nothing.
+        super::translate::drop_defaults(&mut spec);
         sp.metadata.annotations.get_or_insert_default().insert(
             POD_SPEC_DIGEST.to_owned(),
             super::shadow_pods::whole_spec_digest(&spec),
@@ -355,6 +358,12 @@ mod tests {
         let mut v2 = shadow_pod("app:2");
         trim(&mut v2);
         assert_ne!(pod_spec_digest(&v1), pod_spec_digest(&v2));
+        // One written with the defaults the provider adds anyway is the same spec.
+        let mut defaulted = shadow_pod("app:1");
+        defaulted.spec.pod.dns_policy = Some("ClusterFirst".into());
+        defaulted.spec.pod.containers[0].termination_message_policy = Some("File".into());
+        trim(&mut defaulted);
+        assert_eq!(pod_spec_digest(&defaulted), pod_spec_digest(&v1));
         // An untrimmed ShadowPod has none (the reflector then writes it).
         assert_eq!(pod_spec_digest(&shadow_pod("app:1")), None);
     }
