@@ -193,3 +193,23 @@ pub async fn kube_system_uid(client: &kube::Client) -> Result<Option<String>> {
         Err(e) => Err(Error::api("reading Namespace kube-system")(e)),
     }
 }
+
+/// How long undoing a failed run waits for what it deleted to be gone: the controller's
+/// finalizers first undo what the object reached.
+pub const UNDO_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Waits up to `patience` for object `name` to be gone (finalizers done), so that a run which
+/// reports it removed has left nothing behind. Returns whether it is gone.
+pub async fn gone_within<K>(api: &Api<K>, name: &str, patience: Duration) -> bool
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let gone_by = tokio::time::Instant::now() + patience;
+    while tokio::time::Instant::now() < gone_by {
+        if matches!(api.get_opt(name).await, Ok(None)) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    false
+}

@@ -22,7 +22,7 @@ use tether_api::offloading::{
 };
 use tether_resources::{Amount, Resources};
 
-use crate::cluster::Conn;
+use crate::cluster::{Conn, UNDO_PATIENCE, gone_within};
 use crate::error::{Error, Result, is_not_found};
 use crate::install::FIELD_MANAGER;
 use crate::progress::Progress;
@@ -210,10 +210,20 @@ pub async fn ask(
     if result.is_err() {
         progress.phase(format!("putting back ResourceSlice {ns}/{}", req.name));
         let undone = match &before {
-            None => api
-                .delete(&req.name, &DeleteParams::default())
-                .await
-                .map(|_| "deleted the new request".to_owned()),
+            // The controller withdraws the request at the provider before the slice goes: the
+            // run ends once it is gone, so a refused request leaves nothing behind.
+            None => match api.delete(&req.name, &DeleteParams::default()).await {
+                Ok(_) if gone_within(&api, &req.name, UNDO_PATIENCE).await => {
+                    Ok("deleted the new request".to_owned())
+                }
+                Ok(_) => Ok(format!(
+                    "deleted the new request, but the controller had not released it after {} \
+                     s (`kubectl get resourceslices -n {ns} {}` shows why)",
+                    UNDO_PATIENCE.as_secs(),
+                    req.name
+                )),
+                Err(e) => Err(e),
+            },
             Some(old) => {
                 let previous = Request {
                     name: req.name.clone(),

@@ -667,9 +667,6 @@ async fn same_id_error(
     })
 }
 
-/// How long undoing a failed run waits for its ForeignCluster to be gone.
-const UNDO_PATIENCE: Duration = Duration::from_secs(30);
-
 /// What one `tether peer` run created, to undo on failure.
 #[derive(Debug, Default)]
 struct Cleanup {
@@ -686,22 +683,14 @@ impl Cleanup {
             if api.delete(name, &DeleteParams::default()).await.is_ok() {
                 // The controller's finalizer undoes what the peering reached first: the run
                 // ends once that is done, so what it reports removed is gone.
-                let gone_by = Instant::now() + UNDO_PATIENCE;
-                let mut gone = false;
-                while Instant::now() < gone_by {
-                    if matches!(api.get_opt(name).await, Ok(None)) {
-                        gone = true;
-                        break;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+                let gone = cluster::gone_within(&api, name, cluster::UNDO_PATIENCE).await;
                 removed.push(if gone {
                     format!("ForeignCluster {name}")
                 } else {
                     format!(
                         "ForeignCluster {name} (deleted, but the controller had not released it \
                          after {} s; `kubectl get foreignclusters` shows why)",
-                        UNDO_PATIENCE.as_secs()
+                        cluster::UNDO_PATIENCE.as_secs()
                     )
                 });
             }
