@@ -319,7 +319,75 @@ impl Pace {
     }
 }
 
-/// Caches of every pod and node, and a stream that yields once per change to either.
+/// What of a pod the scheduler and the taint-eviction controller decide on, as a digest: its
+/// spec (where it runs, what it asks, tolerates and waits for), its labels (inter-pod
+/// affinity), whether it has finished and whether it is going. The rest of its status
+/// (conditions, container states, addresses) moves neither.
+fn placement_digest(pod: &Pod) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(&pod.spec)
+        .unwrap_or_default()
+        .hash(&mut h);
+    pod.metadata.labels.hash(&mut h);
+    pod.metadata.deletion_timestamp.is_some().hash(&mut h);
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+    .hash(&mut h);
+    h.finish()
+}
+
+/// Which pod events change what the pass-based controllers decide on
+/// ([`placement_digest`]): a pod appearing or going, or its digest changing. A burst's pods
+/// change status several times each on their way to Ready, and every one of those changes
+/// started a pass over every pod.
+#[derive(Default)]
+struct PlacementChanges {
+    /// uid → digest of every pod seen.
+    seen: std::collections::HashMap<String, u64>,
+    /// A relisting under way: what it has shown so far.
+    relisting: Option<std::collections::HashMap<String, u64>>,
+}
+
+impl PlacementChanges {
+    fn matters(&mut self, event: &watcher::Event<Pod>) -> bool {
+        let entry = |pod: &Pod| {
+            (
+                pod.metadata.uid.clone().unwrap_or_default(),
+                placement_digest(pod),
+            )
+        };
+        match event {
+            watcher::Event::Init => {
+                self.relisting = Some(std::collections::HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(pod) => {
+                let (uid, digest) = entry(pod);
+                self.relisting.get_or_insert_default().insert(uid, digest);
+                false
+            }
+            watcher::Event::InitDone => {
+                self.seen = self.relisting.take().unwrap_or_default();
+                true
+            }
+            watcher::Event::Apply(pod) => {
+                let (uid, digest) = entry(pod);
+                self.seen.insert(uid, digest) != Some(digest)
+            }
+            watcher::Event::Delete(pod) => {
+                self.seen
+                    .remove(pod.metadata.uid.as_deref().unwrap_or_default());
+                true
+            }
+        }
+    }
+}
+
+/// Caches of every pod and node, and a stream that yields once per change to either that can
+/// matter to a scheduling or eviction decision (for pods, see [`PlacementChanges`]).
 ///
 /// The scheduler and the taint-eviction controller both decide from this pair of caches and
 /// re-examine the cluster on each change.
@@ -332,10 +400,14 @@ pub(crate) fn watch_pods_and_nodes(
 ) {
     let (pods, pod_writer) = reflector::store::<Pod>();
     let (nodes, node_writer) = reflector::store::<Node>();
+    let mut placements = PlacementChanges::default();
     let pod_events = watcher(Api::<Pod>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(pod_writer)
-        .map(|_| ());
+        .filter_map(move |event| {
+            let matters = event.as_ref().is_ok_and(|e| placements.matters(e));
+            futures::future::ready(matters.then_some(()))
+        });
     let node_events = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
         .default_backoff()
         .reflect(node_writer)
@@ -361,4 +433,67 @@ pub(crate) fn recorder(client: Client, controller: &str) -> Recorder {
 /// Whether a kube-rs error is an API answer with this HTTP code.
 pub(crate) fn is_status(err: &kube::Error, code: u16) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == code)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pod(node: Option<&str>, phase: &str, ready: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "web-0", "namespace": "default", "uid": "u-1", "labels": {"app": "web"}},
+            "spec": {"nodeName": node, "containers": [{"name": "app", "image": "nginx"}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": ready}]},
+        }))
+        .expect("pod")
+    }
+
+    #[test]
+    fn only_changes_of_placement_start_a_pass() {
+        let mut changes = PlacementChanges::default();
+        let apply = |p: Pod| watcher::Event::Apply(p);
+        assert!(
+            changes.matters(&apply(pod(None, "Pending", "False"))),
+            "a new pod"
+        );
+        assert!(
+            !changes.matters(&apply(pod(None, "Pending", "False"))),
+            "the same again"
+        );
+        assert!(
+            changes.matters(&apply(pod(Some("n1"), "Pending", "False"))),
+            "bound"
+        );
+        assert!(
+            !changes.matters(&apply(pod(Some("n1"), "Running", "True"))),
+            "running and ready: its status only"
+        );
+        let mut relabelled = pod(Some("n1"), "Running", "True");
+        relabelled
+            .metadata
+            .labels
+            .get_or_insert_default()
+            .insert("tier".into(), "front".into());
+        assert!(changes.matters(&apply(relabelled)), "labels: affinity");
+        assert!(
+            changes.matters(&apply(pod(Some("n1"), "Succeeded", "False"))),
+            "finished: its requests are free"
+        );
+        let mut going = pod(Some("n1"), "Succeeded", "False");
+        going.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert!(changes.matters(&apply(going.clone())), "going");
+        assert!(changes.matters(&watcher::Event::Delete(going)), "gone");
+
+        // A relisting replaces what was seen, and ends with one pass.
+        assert!(!changes.matters(&watcher::Event::Init));
+        assert!(!changes.matters(&watcher::Event::InitApply(pod(None, "Pending", "False"))));
+        assert!(changes.matters(&watcher::Event::InitDone));
+        assert_eq!(changes.seen.len(), 1);
+        assert!(!changes.matters(&apply(pod(None, "Pending", "False"))));
+    }
 }

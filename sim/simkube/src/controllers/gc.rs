@@ -645,31 +645,45 @@ async fn watch_type(
             .lock()
             .expect("invariant: the graph lock is never poisoned");
         let objects = &mut guard.entry(key.clone()).or_default().objects;
-        match event {
-            Event::Init => relist = Some(HashMap::new()),
+        // Whether the graph changed. Most changes of an object touch nothing the collector
+        // reads (a pod's status, a Deployment's replicas): like the real collector's graph
+        // builder, which acts on changed references, finalizers and deletion only, they do
+        // not start a pass. In a burst of a thousand pods they were most of the changes, and
+        // each started a pass over every object.
+        let changed = match event {
+            Event::Init => {
+                relist = Some(HashMap::new());
+                false
+            }
             Event::InitApply(obj) => {
                 if let (Some(buffer), Some(node)) = (relist.as_mut(), to_node(&obj)) {
                     buffer.insert(node.uid.clone(), node);
                 }
+                false
             }
             Event::InitDone => {
                 if let Some(buffer) = relist.take() {
                     *objects = buffer;
                 }
+                true
             }
-            Event::Apply(obj) => {
-                if let Some(node) = to_node(&obj) {
+            Event::Apply(obj) => match to_node(&obj) {
+                Some(node) if objects.get(&node.uid) != Some(&node) => {
                     objects.insert(node.uid.clone(), node);
+                    true
                 }
-            }
-            Event::Delete(obj) => {
-                if let Some(uid) = obj.metadata.uid.as_ref() {
-                    objects.remove(uid);
-                }
-            }
-        }
+                _ => false,
+            },
+            Event::Delete(obj) => obj
+                .metadata
+                .uid
+                .as_ref()
+                .is_some_and(|uid| objects.remove(uid).is_some()),
+        };
         drop(guard);
-        wake.notify_one();
+        if changed {
+            wake.notify_one();
+        }
     }
 }
 
