@@ -56,6 +56,11 @@ pub mod labels {
     pub const OFFLOADING_ENABLED: &str = "tether.dev/offloading-enabled";
     /// On a ShadowPod: the consumer's virtual node its pod is bound to.
     pub const VIRTUAL_NODE: &str = "tether.dev/virtual-node";
+    /// On a ShadowPod, set by the provider once it has written the ShadowPod's status (value
+    /// `true`). The consumer watches only ShadowPods that carry it: one it has just written
+    /// tells it nothing new until the provider reports on it, and would cross the link once
+    /// more for nothing.
+    pub const STATUS_REPORTED: &str = "tether.dev/status-reported";
 
     /// The labels of an object the controller creates for itself: part of Tether, managed by
     /// Tether.

@@ -421,6 +421,22 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
     );
     let remote = pods_of(b, &twin, "echo");
     assert_eq!(remote.len(), 2, "the provider runs both: {remote:?}");
+    // Their status came back through the consumer's watch, which shows only the ShadowPods
+    // the provider marked reported; the mark stays off the provider's Pods.
+    assert_eq!(
+        b.jsonpath(
+            &["shadowpods", "-n", &twin],
+            "{.items[*].metadata.labels.tether\\.dev/status-reported}"
+        ),
+        "true true"
+    );
+    assert_eq!(
+        b.jsonpath(
+            &["pods", "-n", &twin, "-l", "tether.dev/status-reported"],
+            "{.items[*].metadata.name}"
+        ),
+        ""
+    );
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
     consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
     for p in pods_of(a, "shop", "echo") {
@@ -986,20 +1002,64 @@ spec:
         &format!("{remote_ip}:7000"),
     );
     assert_eq!(seen, ["here", "here", "here"]);
-    // The provider's Events about the offloaded pods come back about the pods here.
-    a.wait("the provider's Events here", Duration::from_secs(25), || {
-        let about = a.jsonpath(
+    // The provider's Warnings about the offloaded pods come back about the pods here, and its
+    // Normal Events (the pods' scheduling there, at least) stay there: a container that exits
+    // at once crash-loops at the provider.
+    a.apply_as(
+        kc,
+        "apiVersion: v1
+kind: Pod
+metadata: {name: crashing, namespace: shop}
+spec:
+  containers:
+  - name: app
+    image: simkube.dev/sleeper
+    command: [/bin/false]
+    resources: {requests: {cpu: 10m, memory: 16Mi}}
+",
+    )
+    .ok();
+    let reflected = || {
+        a.jsonpath(
             &["events.events.k8s.io", "-n", "shop"],
-            "{range .items[?(@.reportingController==\"tether.dev/reflection\")]}{.regarding.name} {end}",
-        );
-        about.split_whitespace().any(|p| offloaded.iter().any(|o| o == p))
-    });
+            "{range .items[?(@.reportingController==\"tether.dev/reflection\")]}{.regarding.name}/{.type}/{.reason} {end}",
+        )
+    };
+    a.wait(
+        "the provider's BackOff here",
+        Duration::from_secs(60),
+        || {
+            reflected()
+                .split_whitespace()
+                .any(|e| e == "crashing/Warning/BackOff")
+        },
+    );
+    let reflected = reflected();
+    assert!(
+        reflected
+            .split_whitespace()
+            .all(|e| e.contains("/Warning/")),
+        "only Warnings come back: {reflected}"
+    );
+    assert!(
+        !b.jsonpath(
+            &["events.events.k8s.io", "-n", twin],
+            "{range .items[?(@.reason==\"Scheduled\")]}{.regarding.name} {end}"
+        )
+        .is_empty(),
+        "the provider has Normal Events of its own to keep"
+    );
     assert!(
         a.controller_metrics()
             .contains("tether_reflected_objects_total{kind=\"ConfigMap\",outcome=\"applied\"}"),
         "the reflection metrics"
     );
-    for what in [["service", "echo"], ["service", "here"], ["pod", "here"]] {
+    for what in [
+        ["service", "echo"],
+        ["service", "here"],
+        ["pod", "here"],
+        ["pod", "crashing"],
+    ] {
         a.kubectl(&["delete", what[0], "-n", "shop", what[1], "--wait=false"])
             .ok();
     }

@@ -693,3 +693,56 @@ async fn a_watcher_that_does_not_read_is_cut_off() {
     assert!(events > 0 && events < 100, "cut off after {events} events");
     c.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn events_v1_watch_selects_by_type() {
+    use k8s_openapi::api::events::v1::Event;
+    let c = Cluster::builder().start().await.expect("start");
+    let events: Api<Event> = Api::default_namespaced(c.client());
+    let event = |name: &str, type_: &str| -> Event {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "eventTime": "2026-11-28T10:00:00.000000Z",
+            "reportingController": "kubelet",
+            "reportingInstance": "node-1",
+            "action": "Start",
+            "reason": if type_ == "Warning" { "BackOff" } else { "Started" },
+            "type": type_,
+            "regarding": {"kind": "Pod", "name": "web-0", "namespace": "default"},
+        }))
+        .expect("event")
+    };
+    let mut watch = events
+        .watch(&WatchParams::default().fields("type=Warning"), "0")
+        .await
+        .expect("watch")
+        .boxed();
+    for (name, type_) in [("started", "Normal"), ("backoff", "Warning")] {
+        events
+            .create(&PostParams::default(), &event(name, type_))
+            .await
+            .expect("create");
+    }
+    // The Normal Event came first: the first event the watch sends is the Warning.
+    let first = tokio::time::timeout(Duration::from_secs(5), watch.try_next())
+        .await
+        .expect("a watch event in time")
+        .expect("watch stream")
+        .expect("not ended");
+    match first {
+        WatchEvent::Added(e) => {
+            assert_eq!(e.metadata.name.as_deref(), Some("backoff"));
+        }
+        other => panic!("expected the Warning ADDED, got {other:?}"),
+    }
+    let listed = events
+        .list(&ListParams::default().fields("type!=Warning"))
+        .await
+        .expect("list");
+    let names: Vec<_> = listed
+        .iter()
+        .filter_map(|e| e.metadata.name.clone())
+        .collect();
+    assert_eq!(names, ["started"]);
+    c.shutdown().await;
+}

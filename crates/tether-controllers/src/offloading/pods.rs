@@ -37,8 +37,12 @@ const SETTLING: Duration = Duration::from_secs(5);
 const STEADY: Duration = Duration::from_secs(300);
 /// Annotation on a ShadowPod: the UID of the consumer's pod it stands for.
 pub const ORIGIN_UID: &str = "tether.dev/origin-uid";
-/// How long a written ShadowPod the watch has not shown yet is trusted to be on its way.
-const UNSEEN: Duration = Duration::from_secs(10);
+/// How long a written ShadowPod the watch has not shown yet is trusted to be there. The watch
+/// shows a ShadowPod once the provider reports on it ([`labels::STATUS_REPORTED`]): when its
+/// pod is ready, or after [`shadow_pods::PROGRESS_EVERY`] of its age at the latest, later
+/// when the provider is slow. A ShadowPod unseen for longer is written again, which changes
+/// nothing at the provider if it is there.
+const UNSEEN: Duration = Duration::from_secs(60);
 /// How many pods of one node are reflected at once. Each reconcile makes its calls one after
 /// another, so this bounds the connections a burst opens to the provider and here: unbounded,
 /// a burst of 300 pods left about 130 pooled connections of some 35 KiB each (buffers, TLS
@@ -124,22 +128,27 @@ struct Node {
 
 /// ShadowPods written that the watch has not shown yet, by namespace/name: the digest of what
 /// was written and when. A pod reconciled again meanwhile (its own status write brings it
-/// back) would write the same ShadowPod again: in a 1,000-pod burst that was 0.4 more writes
-/// per pod, each a whole ShadowPod both ways over the link.
+/// back, and it is looked at every [`SETTLING`] until the provider reports) would write the
+/// same ShadowPod again, each time a whole ShadowPod over the link.
 #[derive(Debug, Default)]
 struct Unseen(HashMap<String, (String, Instant)>);
 
 impl Unseen {
-    /// Whether `digest` was written for `key` within [`UNSEEN`] before `now` and the watch
-    /// has not shown it yet. `seen`: the watch shows the ShadowPod, which ends the wait.
-    fn awaiting(&mut self, key: &str, digest: &str, seen: bool, now: Instant) -> bool {
+    /// How much longer the write of `digest` for `key` is trusted to be there though the
+    /// watch does not show it: some of [`UNSEEN`] after the write, none if it was not written
+    /// or `seen` (the watch shows the ShadowPod, which ends the wait).
+    fn awaiting(&mut self, key: &str, digest: &str, seen: bool, now: Instant) -> Option<Duration> {
         if seen {
             self.0.remove(key);
-            return false;
+            return None;
         }
-        self.0
-            .get(key)
-            .is_some_and(|(d, at)| d == digest && now.duration_since(*at) < UNSEEN)
+        let (d, at) = self.0.get(key)?;
+        if d != digest {
+            return None;
+        }
+        UNSEEN
+            .checked_sub(now.duration_since(*at))
+            .filter(|left| !left.is_zero())
     }
 
     /// Records a write at `now`, and forgets those too old to be waited for.
@@ -326,7 +335,18 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
                     }
                     return Ok(Action::requeue(Duration::from_millis(500)));
                 }
-                Ok(None) => {}
+                // Not reported on yet (the watch does not show it), or gone: the provider
+                // says which.
+                Ok(None) => match remote.delete(&name, &DeleteParams::foreground()).await {
+                    Ok(_) => return Ok(Action::requeue(Duration::from_secs(1))),
+                    Err(kube::Error::Api(e)) if e.code == 404 => {}
+                    Err(e) => {
+                        return Err(Error::kube(format!(
+                            "deleting ShadowPod {twin}/{name} at {}",
+                            node.provider
+                        ))(e));
+                    }
+                },
                 // The provider is unreachable: the pod goes once it answers again.
                 Err(e) => return Err(e),
             }
@@ -389,7 +409,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         c.spec.consumer_cluster_id != wanted.spec.consumer_cluster_id
             || watched::pod_spec_digest(c)
                 != Some(shadow_pods::whole_spec_digest(&wanted.spec.pod).as_str())
-            || c.metadata.labels != wanted.metadata.labels
+            || !same_labels(c, &wanted)
             || c.metadata
                 .annotations
                 .as_ref()
@@ -402,9 +422,11 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
     });
     let key = format!("{ns}/{name}");
     let digest = shadow_pods::digest(&wanted);
-    if stale && unseen(node).awaiting(&key, &digest, current.is_some(), Instant::now()) {
-        // Written a moment ago: its watch event reconciles this pod again.
-        return Ok(Action::requeue(Duration::from_secs(2)));
+    if stale
+        && let Some(left) = unseen(node).awaiting(&key, &digest, current.is_some(), Instant::now())
+    {
+        // Written, and not reported on yet: the report reconciles this pod again.
+        return Ok(Action::requeue(left.min(SETTLING)));
     }
     let current = if stale {
         // Only the metadata comes back: the rest is what was sent and the provider's status,
@@ -463,6 +485,14 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
         .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
         .is_some_and(|c| c.status == "True");
     Ok(Action::requeue(if ready { STEADY } else { SETTLING }))
+}
+
+/// Whether the ShadowPod the provider holds (`held`) has the labels of the one wanted, but
+/// for the mark of the provider's report, which only the provider writes.
+fn same_labels(held: &ShadowPod, wanted: &ShadowPod) -> bool {
+    let mut labels = held.labels().clone();
+    labels.remove(labels::STATUS_REPORTED);
+    Some(&labels) == wanted.metadata.labels.as_ref()
 }
 
 fn unseen(node: &Node) -> std::sync::MutexGuard<'_, Unseen> {
@@ -633,39 +663,80 @@ mod tests {
     }
 
     #[test]
-    fn a_written_shadow_pod_is_awaited_until_seen_changed_or_ten_seconds_old() {
+    fn a_written_shadow_pod_is_awaited_until_seen_changed_or_a_minute_old() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + Duration::from_millis(ms);
         let mut unseen = Unseen::default();
-        assert!(
-            !unseen.awaiting("shop/a", "d1", false, t0),
+        assert_eq!(
+            unseen.awaiting("shop/a", "d1", false, t0),
+            None,
             "nothing written"
         );
 
         unseen.wrote("shop/a".into(), "d1".into(), t0);
-        assert!(unseen.awaiting("shop/a", "d1", false, at(500)));
-        assert!(unseen.awaiting("shop/a", "d1", false, at(9_999)));
-        assert!(
-            !unseen.awaiting("shop/a", "d1", false, at(10_000)),
-            "too old"
+        assert_eq!(
+            unseen.awaiting("shop/a", "d1", false, at(500)),
+            Some(Duration::from_millis(59_500))
         );
-        assert!(
-            !unseen.awaiting("shop/a", "d2", false, at(500)),
+        assert_eq!(
+            unseen.awaiting("shop/a", "d1", false, at(59_999)),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            unseen.awaiting("shop/a", "d1", false, at(60_000)),
+            None,
+            "too old: written again"
+        );
+        assert_eq!(
+            unseen.awaiting("shop/a", "d2", false, at(500)),
+            None,
             "wants another"
         );
-        assert!(
-            !unseen.awaiting("shop/b", "d1", false, at(500)),
+        assert_eq!(
+            unseen.awaiting("shop/b", "d1", false, at(500)),
+            None,
             "another pod"
         );
 
         // Seen by the watch: the wait ends for good.
-        assert!(!unseen.awaiting("shop/a", "d1", true, at(600)));
-        assert!(!unseen.awaiting("shop/a", "d1", false, at(700)));
+        assert_eq!(unseen.awaiting("shop/a", "d1", true, at(600)), None);
+        assert_eq!(unseen.awaiting("shop/a", "d1", false, at(700)), None);
 
         // A write forgets what is too old to be waited for.
         unseen.wrote("shop/b".into(), "d1".into(), t0);
-        unseen.wrote("shop/c".into(), "d1".into(), at(10_000));
+        unseen.wrote("shop/c".into(), "d1".into(), at(60_000));
         assert_eq!(unseen.0.len(), 1);
-        assert!(unseen.awaiting("shop/c", "d1", false, at(10_001)));
+        assert!(unseen.awaiting("shop/c", "d1", false, at(60_001)).is_some());
+    }
+
+    #[test]
+    fn the_mark_of_a_report_is_not_a_difference_in_labels() {
+        let sp = |labels: &[(&str, &str)]| ShadowPod {
+            metadata: ObjectMeta {
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..ObjectMeta::default()
+            },
+            spec: ShadowPodSpec {
+                consumer_cluster_id: "alpha".into(),
+                pod: PodSpec::default(),
+            },
+            status: None,
+        };
+        let wanted = sp(&[("app", "web")]);
+        assert!(same_labels(
+            &sp(&[("app", "web"), (labels::STATUS_REPORTED, "true")]),
+            &wanted
+        ));
+        assert!(same_labels(&sp(&[("app", "web")]), &wanted));
+        assert!(!same_labels(
+            &sp(&[("app", "db"), (labels::STATUS_REPORTED, "true")]),
+            &wanted
+        ));
+        assert!(!same_labels(&sp(&[]), &wanted));
     }
 }

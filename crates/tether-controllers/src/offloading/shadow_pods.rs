@@ -13,7 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -289,15 +289,17 @@ fn images(spec: &PodSpec) -> BTreeMap<String, Option<String>> {
         .collect()
 }
 
-/// The Pod for `sp`: same name and namespace, its labels plus the provider's marker, owned by
-/// it, with the spec it carries, pointed at the consumer's API server where this cluster
-/// reaches it (`consumer_api`, see [`translate::point_at_consumer_api`]).
+/// The Pod for `sp`: same name and namespace, its labels (but for the mark of its report)
+/// plus the provider's marker, owned by it, with the spec it carries, pointed at the
+/// consumer's API server where this cluster reaches it (`consumer_api`, see
+/// [`translate::point_at_consumer_api`]).
 pub fn pod_for(sp: &ShadowPod, consumer_api: Option<Ipv4Addr>) -> Pod {
     let mut spec = sp.spec.pod.clone();
     if let Some(ip) = consumer_api {
         translate::point_at_consumer_api(&mut spec, ip);
     }
     let mut l = sp.labels().clone();
+    l.remove(labels::STATUS_REPORTED);
     l.insert(
         labels::TETHER_MANAGED_BY.to_owned(),
         labels::SHADOW_POD.to_owned(),
@@ -373,8 +375,10 @@ pub fn rejected(
     next
 }
 
-/// The ShadowPod's status mirroring its Pod's: the phase, the whole Pod status, and `Ready`
-/// as the Pod's `Ready` condition says.
+/// The ShadowPod's status mirroring its Pod's: the phase, the Pod status, and `Ready` as the
+/// Pod's `Ready` condition says. The Pod status leaves out its node's addresses: the consumer
+/// shows its virtual node's instead, and they need not cross the link (nor leave the
+/// provider).
 pub fn mirrored(
     previous: Option<&ShadowPodStatus>,
     pod: Option<&PodStatus>,
@@ -414,7 +418,11 @@ pub fn mirrored(
         ),
     };
     next.phase = Some(phase);
-    next.pod = pod.cloned();
+    next.pod = pod.map(|p| PodStatus {
+        host_ip: None,
+        host_ips: None,
+        ..p.clone()
+    });
     conditions::set(
         &mut next.conditions,
         types::READY,
@@ -810,19 +818,31 @@ async fn reject(
     Ok(Action::await_change())
 }
 
+/// Writes `next` as the status of `sp`, then marks `sp` reported ([`labels::STATUS_REPORTED`])
+/// if it is not yet. In that order: the consumer's watch, which selects reported ShadowPods,
+/// first sees one with the status it waits for, not before it has one.
 async fn report(octx: &OffCtx, sp: &ShadowPod, next: ShadowPodStatus) -> Result<(), Error> {
-    if sp.status.as_ref() == Some(&next) {
+    let ns = sp.namespace().unwrap_or_default();
+    let name = sp.name_any();
+    let api = Api::<ShadowPod>::namespaced(octx.ctx.client.clone(), &ns);
+    if sp.status.as_ref() != Some(&next) {
+        let mut obj = sp.clone();
+        obj.status = Some(next);
+        api.replace_status(&name, &PostParams::default(), &obj)
+            .await
+            .map_err(Error::kube(format!(
+                "writing the status of ShadowPod {ns}/{name}"
+            )))?;
+    }
+    if sp.labels().contains_key(labels::STATUS_REPORTED) {
         return Ok(());
     }
-    let ns = sp.namespace().unwrap_or_default();
-    let mut obj = sp.clone();
-    obj.status = Some(next);
-    Api::<ShadowPod>::namespaced(octx.ctx.client.clone(), &ns)
-        .replace_status(&sp.name_any(), &PostParams::default(), &obj)
+    // Only the mark: a merge patch of the main resource leaves the consumer's fields alone.
+    let mark = serde_json::json!({"metadata": {"labels": {labels::STATUS_REPORTED: "true"}}});
+    api.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&mark))
         .await
         .map_err(Error::kube(format!(
-            "writing the status of ShadowPod {ns}/{}",
-            sp.name_any()
+            "marking ShadowPod {ns}/{name} reported"
         )))?;
     Ok(())
 }
@@ -1104,9 +1124,20 @@ mod tests {
             }]),
             ..Default::default()
         };
-        let s = mirrored(None, Some(&running), Some(1), t(10));
+        let on_node = PodStatus {
+            host_ip: Some("198.18.2.11".into()),
+            host_ips: Some(vec![k8s_openapi::api::core::v1::HostIP {
+                ip: "198.18.2.11".into(),
+            }]),
+            ..running.clone()
+        };
+        let s = mirrored(None, Some(&on_node), Some(1), t(10));
         assert_eq!(s.phase.as_deref(), Some("Running"));
-        assert_eq!(s.pod.as_ref(), Some(&running));
+        assert_eq!(
+            s.pod.as_ref(),
+            Some(&running),
+            "all but the node's addresses"
+        );
         let c = conditions::find(&s.conditions, types::READY).expect("ready");
         assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "PodReady"));
 

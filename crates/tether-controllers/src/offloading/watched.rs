@@ -1,4 +1,5 @@
-//! Watched copies of what a provider holds in a namespace there: one watch per provider,
+//! Watched copies of what a provider holds in a namespace there (of ShadowPods, those it has
+//! reported on; of Events, the Warnings: see [`config_for`]): one watch per provider,
 //! namespace and kind, opened on first use with the tenant identity and kept while it is
 //! used. Pod reflection and namespace reflection read these instead of asking the provider on
 //! every pass, so an idle offloaded namespace costs the link between the clusters only its
@@ -21,6 +22,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 use tether_api::ClusterId;
+use tether_api::names::labels;
 use tether_api::offloading::ShadowPod;
 
 use super::listed::{self, Listed};
@@ -195,6 +197,32 @@ fn trim<K: Watchable>(o: &mut K) {
     e.deprecated_count = None;
 }
 
+/// Only the provider's Warning Events come back ([`WARNINGS_ONLY`]).
+pub const WARNINGS_ONLY: &str = "type=Warning";
+
+/// How the watch of `kind` is opened.
+///
+/// Of the provider's Events only the Warnings are watched: the Normal ones of a starting pod
+/// (its scheduling at the provider, the kubelet's pulled, created, started) repeat what the
+/// pod's status already brings back, name the provider's nodes, and at four or so per pod
+/// would be the largest share of a burst's traffic between the clusters. A Warning (a failed
+/// mount, a crash loop, a failing probe) says what no status field does.
+///
+/// Of the ShadowPods only those the provider has reported on ([`labels::STATUS_REPORTED`]):
+/// one just written would otherwise come straight back, whole, telling nothing the write did
+/// not. A ShadowPod the watch does not show may therefore still exist: the pod reflector
+/// trusts its own writes meanwhile and deletes without looking.
+fn config_for(kind: &str) -> watcher::Config {
+    let config = watcher::Config::default();
+    if kind == std::any::type_name::<Event>() {
+        config.fields(WARNINGS_ONLY)
+    } else if kind == std::any::type_name::<ShadowPod>() {
+        config.labels(labels::STATUS_REPORTED)
+    } else {
+        config
+    }
+}
+
 impl Watched {
     /// The ShadowPod changes every watch sees from now on.
     pub fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Arc<Change>> {
@@ -261,7 +289,7 @@ impl Watched {
         let (lister, listed) = listed::pair();
         let api: Api<K> = Api::namespaced(access.client.clone(), ns);
         // Managed fields are the bulk of a stored object and nothing here reads them.
-        let stream = watcher(api, watcher::Config::default())
+        let stream = watcher(api, config_for(kind))
             .default_backoff()
             .modify(trim::<K>)
             .reflect(writer);

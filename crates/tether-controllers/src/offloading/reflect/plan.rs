@@ -404,7 +404,9 @@ pub const EVENT_REPORTER: &str = "tether.dev/reflection";
 /// this cluster: `offloaded` names them (pod name → UID of the pod here, from the ShadowPods
 /// in the twin, which are named after their pods). Each becomes an Event of the same name
 /// about the pod here, its reporting instance the provider. Events about anything else in
-/// the twin (a pod of that name running here is not the provider's) stay there.
+/// the twin (a pod of that name running here is not the provider's) stay there, and so do
+/// Normal Events: only Warnings come back (the watch asks for no others, see
+/// [`crate::offloading::watched::WARNINGS_ONLY`]).
 pub fn events<'a>(
     remote: impl IntoIterator<Item = &'a Event>,
     offloaded: &BTreeMap<String, String>,
@@ -415,7 +417,7 @@ pub fn events<'a>(
         .into_iter()
         .filter_map(|e| {
             let about = e.regarding.as_ref()?;
-            if about.kind.as_deref() != Some("Pod") {
+            if about.kind.as_deref() != Some("Pod") || e.type_.as_deref() != Some("Warning") {
                 return None;
             }
             let name = about.name.as_deref()?;

@@ -475,7 +475,7 @@ fn slices_follow_their_services() {
 }
 
 #[test]
-fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
+fn the_providers_warnings_about_offloaded_pods_come_back_about_the_pods_here() {
     use k8s_openapi::api::core::v1::ObjectReference;
     use k8s_openapi::api::events::v1::Event;
     let event = |name: &str, kind: &str, about: &str| Event {
@@ -491,11 +491,18 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
             uid: Some("provider-uid".to_owned()),
             ..ObjectReference::default()
         }),
+        reason: Some("BackOff".to_owned()),
+        note: Some("Back-off restarting failed container app".to_owned()),
+        type_: Some("Warning".to_owned()),
+        reporting_controller: Some("kubelet".to_owned()),
+        ..Event::default()
+    };
+    let normal = |name: &str, about: &str| Event {
         reason: Some("Scheduled".to_owned()),
-        note: Some("bound to p-node-1".to_owned()),
+        note: Some("Successfully assigned shop-consumer-1/web-1 to p-node-1".to_owned()),
         type_: Some("Normal".to_owned()),
         reporting_controller: Some("default-scheduler".to_owned()),
-        ..Event::default()
+        ..event(name, "Pod", about)
     };
     // Only web-1 has a ShadowPod in the twin; db-0 runs here.
     let offloaded = BTreeMap::from([("web-1".to_owned(), "uid-web-1".to_owned())]);
@@ -505,6 +512,8 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
         event("db-0.1", "Pod", "db-0"),
         event("web.1", "Service", "web-1"),
         event("gone.1", "Pod", "gone"),
+        // The provider's scheduling, like any Normal Event, stays there.
+        normal("web-1.2", "web-1"),
     ];
     let out = events(&remote, &offloaded, "shop", "provider-1");
     expect![[r#"
@@ -518,8 +527,8 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
               },
               "name": "web-1.1"
             },
-            "note": "bound to p-node-1",
-            "reason": "Scheduled",
+            "note": "Back-off restarting failed container app",
+            "reason": "BackOff",
             "regarding": {
               "apiVersion": "v1",
               "kind": "Pod",
@@ -529,7 +538,7 @@ fn the_providers_events_about_offloaded_pods_come_back_about_the_pods_here() {
             },
             "reportingController": "tether.dev/reflection",
             "reportingInstance": "provider-1",
-            "type": "Normal"
+            "type": "Warning"
           }
         ]"#]]
     .assert_eq(&serde_json::to_string_pretty(&out).unwrap());
