@@ -1265,6 +1265,33 @@ fn token_request_defaults_and_validation() {
 }
 
 #[test]
+fn a_remembered_signature_still_has_its_claims_checked() {
+    let issuer = TokenIssuer::generate().expect("key");
+    let req = json!({"spec": {"expirationSeconds": 600}});
+    let token = token_request(&issuer, &sa("ns", "robot", "u-1"), &req, NOW).expect("ok")["status"]
+        ["token"]
+        .as_str()
+        .expect("token")
+        .to_owned();
+    assert!(issuer.verify(&token, NOW).is_ok());
+    // The second time the signature is not checked again; expiry and the signed claims are.
+    assert!(issuer.verify(&token, NOW).is_ok());
+    assert_eq!(
+        issuer.verify(&token, NOW + 600 + 61),
+        Err(TokenError::Expired)
+    );
+    let (signed, signature) = token.rsplit_once('.').expect("three segments");
+    let (header, _) = signed.split_once('.').expect("three segments");
+    let forged_claims = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(
+        json!({"iss": DEFAULT_ISSUER, "aud": [DEFAULT_ISSUER], "exp": NOW + 600, "kubernetes.io": {"namespace": "kube-system", "serviceaccount": {"name": "admin"}}}).to_string(),
+    );
+    assert_eq!(
+        issuer.verify(&format!("{header}.{forged_claims}.{signature}"), NOW),
+        Err(TokenError::BadSignature)
+    );
+}
+
+#[test]
 fn token_verification_failures() {
     let issuer = TokenIssuer::generate().expect("key");
     let other = TokenIssuer::generate().expect("key");

@@ -376,12 +376,8 @@ impl<'a> NodeUsage<'a> {
 
     /// Accounts for a pod that asks for `requests` being bound here.
     pub fn add_requests(&mut self, requests: &PodRequests) {
-        for (name, v) in &requests.plain {
-            *self.requested.entry(name.clone()).or_default() += v;
-        }
-        for (name, v) in &requests.non_zero {
-            *self.requested_non_zero.entry(name.clone()).or_default() += v;
-        }
+        add_into(&mut self.requested, &requests.plain);
+        add_into(&mut self.requested_non_zero, &requests.non_zero);
         self.pods += 1;
     }
 
@@ -394,6 +390,19 @@ impl<'a> NodeUsage<'a> {
             .flatten()
             .filter_map(|(k, q)| Some((k.clone(), parse_quantity(&q.0)?)))
             .collect()
+    }
+}
+
+/// Adds `more` to `sum`. A key is copied only the first time a node sees it: a pass adds
+/// every bound pod's requests, and copying the names each time was most of its cost.
+fn add_into(sum: &mut Resources, more: &Resources) {
+    for (name, v) in more {
+        match sum.get_mut(name) {
+            Some(total) => *total += v,
+            None => {
+                sum.insert(name.clone(), *v);
+            }
+        }
     }
 }
 
@@ -709,14 +718,15 @@ struct Scheduler {
 impl Scheduler {
     /// `pod`'s requests, read again only when the store holds a new object for it.
     fn requests_of(&mut self, pod: &Arc<Pod>) -> Arc<PodRequests> {
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        if let Some((seen, requests)) = self.requests.get(&uid)
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if let Some((seen, requests)) = self.requests.get(uid)
             && Arc::ptr_eq(seen, pod)
         {
             return requests.clone();
         }
         let requests = Arc::new(PodRequests::of(pod));
-        self.requests.insert(uid, (pod.clone(), requests.clone()));
+        self.requests
+            .insert(uid.to_owned(), (pod.clone(), requests.clone()));
         requests
     }
 
@@ -737,40 +747,48 @@ impl Scheduler {
             .enumerate()
             .map(|(i, n)| (n.name_any(), i))
             .collect();
-        let live: std::collections::HashSet<String> =
-            pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-        self.assumed.lock().retain(|uid, _| live.contains(uid));
-        self.waiting.retain(|uid, _| live.contains(uid));
-        self.requests.retain(|uid, _| live.contains(uid));
+        // Borrowed from the pods of this pass: the loop below runs over every pod, every pass,
+        // and copying each uid and node name was what a pass spent most on.
         let mut pending = Vec::new();
-        for pod in &pods {
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let bound = pod
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.clone())
-                .filter(|n| !n.is_empty());
-            if bound.is_some() {
-                self.assumed.lock().remove(&uid);
-            }
-            match bound.or_else(|| self.assumed.lock().get(&uid).cloned()) {
-                Some(node) => {
-                    if !is_terminal(pod)
-                        && let Some(&i) = index.get(&node)
-                    {
-                        let requests = self.requests_of(pod);
-                        usage[i].add_requests(&requests);
-                    }
+        {
+            let live: std::collections::HashSet<&str> = pods
+                .iter()
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .collect();
+            let assumed = self.assumed.clone();
+            let mut assumed = assumed.lock();
+            assumed.retain(|uid, _| live.contains(uid.as_str()));
+            self.waiting.retain(|uid, _| live.contains(uid.as_str()));
+            self.requests.retain(|uid, _| live.contains(uid.as_str()));
+            for pod in &pods {
+                let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+                let bound = pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .filter(|n| !n.is_empty());
+                if bound.is_some() {
+                    assumed.remove(uid);
                 }
-                None if wants_scheduling(pod) => {
-                    // A pod waiting for its claims holds its place on the chosen node.
-                    if let Some(&i) = self.waiting.get(&uid).and_then(|(n, _)| index.get(n)) {
-                        let requests = self.requests_of(pod);
-                        usage[i].add_requests(&requests);
+                match bound.or_else(|| assumed.get(uid).map(String::as_str)) {
+                    Some(node) => {
+                        if !is_terminal(pod)
+                            && let Some(&i) = index.get(node)
+                        {
+                            let requests = self.requests_of(pod);
+                            usage[i].add_requests(&requests);
+                        }
                     }
-                    pending.push(pod.clone());
+                    None if wants_scheduling(pod) => {
+                        // A pod waiting for its claims holds its place on the chosen node.
+                        if let Some(&i) = self.waiting.get(uid).and_then(|(n, _)| index.get(n)) {
+                            let requests = self.requests_of(pod);
+                            usage[i].add_requests(&requests);
+                        }
+                        pending.push(pod.clone());
+                    }
+                    None => {}
                 }
-                None => {}
             }
         }
         // Oldest first, as the real queue orders pods of equal priority.
