@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use crate::Error;
 use crate::auth::tls::{pem, provider};
 use crate::context::Ctx;
+use crate::offloading::local::Local;
 
 /// The webhook's CA and serving certificate.
 #[derive(Clone)]
@@ -212,9 +213,10 @@ pub async fn serve(
     addr: SocketAddr,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), Error> {
+    let local = Arc::new(Local::new(ctx.client.clone()));
     let app = Router::new()
         .route(objects::POD_WEBHOOK_PATH, post(mutate_pod))
-        .with_state(ctx);
+        .with_state((ctx, local));
     crate::https::serve(
         "the admission webhook",
         addr,
@@ -243,7 +245,10 @@ fn answer(uid: &str, ops: &[Value], warning: Option<String>) -> Json<Value> {
     }))
 }
 
-async fn mutate_pod(State(ctx): State<Arc<Ctx>>, Json(review): Json<Value>) -> Json<Value> {
+async fn mutate_pod(
+    State((ctx, local)): State<(Arc<Ctx>, Arc<Local>)>,
+    Json(review): Json<Value>,
+) -> Json<Value> {
     let request = &review["request"];
     let uid = request["uid"].as_str().unwrap_or_default().to_owned();
     let namespace = request["namespace"].as_str().unwrap_or_default().to_owned();
@@ -251,8 +256,7 @@ async fn mutate_pod(State(ctx): State<Arc<Ctx>>, Json(review): Json<Value>) -> J
         // Not a pod this webhook understands: never block a workload on our account.
         return answer(&uid, &[], None);
     };
-    let api: Api<NamespaceOffloading> = Api::namespaced(ctx.client.clone(), &namespace);
-    let offloading = match api.get_opt(crate::offloading::namespaces::NAME).await {
+    let offloading = match offloading_of(&ctx, &local, &namespace).await {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!(%namespace, error = %e, "reading the NamespaceOffloading for a new pod");
@@ -276,4 +280,24 @@ async fn mutate_pod(State(ctx): State<Arc<Ctx>>, Json(review): Json<Value>) -> J
     ctx.metrics.pod_placed(!ops.is_empty());
     tracing::debug!(%namespace, pod = ?pod.metadata.name.or(pod.metadata.generate_name), changes = ops.len(), "pod placed");
     answer(&uid, &ops, None)
+}
+
+/// How `namespace` is offloaded: from the watched copy, which a burst of pods reads without
+/// asking the API server per pod, or from the API server when the copy has none (a request
+/// made a moment ago, or a watch that cannot list).
+async fn offloading_of(
+    ctx: &Ctx,
+    local: &Local,
+    namespace: &str,
+) -> Result<Option<NamespaceOffloading>, kube::Error> {
+    let name = crate::offloading::namespaces::NAME;
+    if let Some(o) = local
+        .get_if_listed::<NamespaceOffloading>(Some(namespace), name)
+        .await
+    {
+        return Ok(Some((*o).clone()));
+    }
+    Api::<NamespaceOffloading>::namespaced(ctx.client.clone(), namespace)
+        .get_opt(name)
+        .await
 }

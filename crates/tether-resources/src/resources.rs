@@ -39,7 +39,11 @@ impl Resources {
     /// Adds `other` entry by entry.
     pub fn add(&mut self, other: &Resources) {
         for (name, amount) in &other.0 {
-            let entry = self.0.entry(name.clone()).or_default();
+            // A name is copied only the first time: admission adds up every pod of a grant.
+            let entry = match self.0.get_mut(name) {
+                Some(entry) => entry,
+                None => self.0.entry(name.clone()).or_default(),
+            };
             // Saturating: no real cluster gets near i128, and a panic in a controller would be
             // worse than a clamped total.
             entry.0 = entry.0.saturating_add(amount.0);

@@ -84,6 +84,21 @@ impl Local {
         Ok(store.get(&key))
     }
 
+    /// Like [`Local::get`], but without waiting for the first listing: `None` also while the
+    /// watch has not listed yet, for callers that must answer at once (and ask the API server
+    /// on a miss).
+    pub async fn get_if_listed<K: Cached>(&self, ns: Option<&str>, name: &str) -> Option<Arc<K>> {
+        let (store, listed) = self.store::<K>();
+        if !listed.wait(Duration::ZERO).await {
+            return None;
+        }
+        let key = match ns {
+            Some(ns) => ObjectRef::new(name).within(ns),
+            None => ObjectRef::new(name),
+        };
+        store.get(&key)
+    }
+
     async fn ready<K: Cached>(&self) -> Result<Store<K>, Error> {
         let (store, listed) = self.store::<K>();
         if listed.wait(FIRST_LIST).await {

@@ -112,6 +112,10 @@ struct Admitted {
 #[derive(Default)]
 pub struct Admissions {
     in_flight: HashMap<String, Admitted>,
+    /// Each stored ShadowPod's requests as last read (UID → the object read, its requests or
+    /// `None` when they do not parse): every decision counts all of a consumer's pods, and
+    /// reading their quantities again each time made a burst's admissions quadratic.
+    requests: HashMap<String, (Arc<ShadowPod>, Option<Resources>)>,
 }
 
 impl Admissions {
@@ -137,28 +141,34 @@ impl Admissions {
     ) -> Admission {
         let consumer = sp.spec.consumer_cluster_id.as_str();
         let this = sp.metadata.uid.clone().unwrap_or_default();
+        let stored = stores.shadow_pods.state();
         let mut seen = HashSet::new();
-        let mut used = Vec::new();
-        for s in stores.shadow_pods.state() {
+        let mut in_use = Resources::default();
+        for s in &stored {
             if s.spec.consumer_cluster_id != consumer {
                 continue;
             }
-            let uid = s.metadata.uid.clone().unwrap_or_default();
-            if self.in_flight(&s) {
-                seen.insert(uid.clone());
+            let uid = s.metadata.uid.as_deref().unwrap_or_default();
+            let in_flight = self.in_flight(s);
+            if in_flight {
+                seen.insert(uid.to_owned());
             }
             if uid == this {
                 continue;
             }
-            if (self.in_flight(&s) || holds(&s, &stores.pods))
-                && let Ok(r) = tether_resources::pod_requests(&s.spec.pod)
+            if (in_flight || holds(s, &stores.pods))
+                && let Some(r) = self.requests_of(s)
             {
-                used.push(r);
+                in_use.add(r);
             }
         }
+        let live: HashSet<&str> = stored
+            .iter()
+            .filter_map(|s| s.metadata.uid.as_deref())
+            .collect();
+        self.requests.retain(|uid, _| live.contains(uid.as_str()));
         self.in_flight
             .retain(|uid, a| a.consumer != consumer || seen.contains(uid));
-        let in_use = Resources::sum(&used);
         let decision = tether_resources::admit(&sp.spec.pod, &in_use, grant, mode);
         if decision == Admission::Allow {
             self.in_flight.insert(
@@ -170,6 +180,20 @@ impl Admissions {
             );
         }
         decision
+    }
+
+    /// `sp`'s requests, read again only when the store holds a new object for it.
+    fn requests_of(&mut self, sp: &Arc<ShadowPod>) -> Option<&Resources> {
+        let uid = sp.metadata.uid.as_deref().unwrap_or_default();
+        let fresh = self
+            .requests
+            .get(uid)
+            .is_some_and(|(read, _)| Arc::ptr_eq(read, sp));
+        if !fresh {
+            let requests = tether_resources::pod_requests(&sp.spec.pod).ok();
+            self.requests.insert(uid.to_owned(), (sp.clone(), requests));
+        }
+        self.requests.get(uid).and_then(|(_, r)| r.as_ref())
     }
 
     /// Drops the admission of `uid` (its Pod could not be made).
@@ -1260,6 +1284,44 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_pod_whose_requests_change_counts_with_its_new_ones() {
+        let (a, c) = (
+            asking_one_cpu("a", "c1", "1", Some("Running")),
+            asking_one_cpu("c", "c1", "3", None),
+        );
+        let (stores, mut w) = stores(&[&a, &c]);
+        let mut ledger = Admissions::default();
+        let grant = two_cpus();
+        assert_eq!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        ledger.undo(c.metadata.uid.as_ref());
+        // a now asks for two CPUs: the requests read for its earlier version no longer count.
+        let mut bigger = asking_one_cpu("a", "c1", "4", Some("Running"));
+        if let Some(r) = bigger.spec.pod.containers[0].resources.as_mut() {
+            r.requests
+                .get_or_insert_default()
+                .insert("cpu".to_owned(), Quantity("2".into()));
+        }
+        w.apply_watcher_event(&watcher::Event::Apply(bigger));
+        assert!(matches!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Deny {
+                reason: "QuotaExceeded",
+                ..
+            }
+        ));
+        // Gone, it frees its share and is forgotten.
+        w.apply_watcher_event(&watcher::Event::Delete(a));
+        assert_eq!(
+            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
+            Admission::Allow
+        );
+        assert!(!ledger.requests.contains_key("uid-a"));
     }
 
     #[test]
