@@ -1264,15 +1264,19 @@ fn token_request_defaults_and_validation() {
     );
 }
 
+/// A token of ServiceAccount `ns/robot` issued at `NOW` for ten minutes.
+fn ten_minute_token(issuer: &TokenIssuer) -> String {
+    let req = json!({"spec": {"expirationSeconds": 600}});
+    token_request(issuer, &sa("ns", "robot", "u-1"), &req, NOW).expect("ok")["status"]["token"]
+        .as_str()
+        .expect("token")
+        .to_owned()
+}
+
 #[test]
 fn a_remembered_signature_still_has_its_claims_checked() {
     let issuer = TokenIssuer::generate().expect("key");
-    let req = json!({"spec": {"expirationSeconds": 600}});
-    let token = token_request(&issuer, &sa("ns", "robot", "u-1"), &req, NOW).expect("ok")["status"]
-        ["token"]
-        .as_str()
-        .expect("token")
-        .to_owned();
+    let token = ten_minute_token(&issuer);
     assert!(issuer.verify(&token, NOW).is_ok());
     // The second time the signature is not checked again; expiry and the signed claims are.
     assert!(issuer.verify(&token, NOW).is_ok());
@@ -1295,12 +1299,7 @@ fn a_remembered_signature_still_has_its_claims_checked() {
 fn token_verification_failures() {
     let issuer = TokenIssuer::generate().expect("key");
     let other = TokenIssuer::generate().expect("key");
-    let req = json!({"spec": {"expirationSeconds": 600}});
-    let token = token_request(&issuer, &sa("ns", "robot", "u-1"), &req, NOW).expect("ok")["status"]
-        ["token"]
-        .as_str()
-        .expect("token")
-        .to_owned();
+    let token = ten_minute_token(&issuer);
     // go-jose's one minute leeway.
     assert!(issuer.verify(&token, NOW + 600 + 60).is_ok());
     assert_eq!(
