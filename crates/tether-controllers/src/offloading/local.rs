@@ -47,6 +47,14 @@ impl Drop for Entry {
     }
 }
 
+/// The store key of `name`, in namespace `ns` for a namespaced kind.
+fn key<K: Cached>(ns: Option<&str>, name: &str) -> ObjectRef<K> {
+    match ns {
+        Some(ns) => ObjectRef::new(name).within(ns),
+        None => ObjectRef::new(name),
+    }
+}
+
 /// The open watches of this cluster; dropping it closes them (a leader's term ends).
 pub struct Local {
     client: kube::Client,
@@ -77,11 +85,7 @@ impl Local {
         name: &str,
     ) -> Result<Option<Arc<K>>, Error> {
         let store = self.ready::<K>().await?;
-        let key = match ns {
-            Some(ns) => ObjectRef::new(name).within(ns),
-            None => ObjectRef::new(name),
-        };
-        Ok(store.get(&key))
+        Ok(store.get(&key(ns, name)))
     }
 
     /// Like [`Local::get`], but without waiting for the first listing: `None` also while the
@@ -92,11 +96,7 @@ impl Local {
         if !listed.wait(Duration::ZERO).await {
             return None;
         }
-        let key = match ns {
-            Some(ns) => ObjectRef::new(name).within(ns),
-            None => ObjectRef::new(name),
-        };
-        store.get(&key)
+        store.get(&key(ns, name))
     }
 
     async fn ready<K: Cached>(&self) -> Result<Store<K>, Error> {
