@@ -106,9 +106,14 @@ pub async fn start(
         // Every replica serves it: the API server calls whichever pod IP the Nodes publish,
         // and each request only reads objects and calls providers.
         let providers = Arc::new(crate::providers::ProviderClients::default());
-        let (addr, serve) =
-            crate::offloading::kubelet::serve(ctx.clone(), providers, listen, shutdown.clone())
-                .await?;
+        let (addr, serve) = crate::offloading::kubelet::serve(
+            ctx.clone(),
+            providers,
+            listen,
+            crate::offloading::kubelet::callers::Decisions::default(),
+            shutdown.clone(),
+        )
+        .await?;
         tracing::info!(%addr, "virtual kubelet API listening");
         tasks.push(tokio::spawn(serve));
     }

@@ -1,8 +1,8 @@
 //! Who the virtual kubelet API serves, in process against a simkube API server with TLS and
 //! RBAC: no client certificate, or one from another CA, gets the kubelet's 401; a certificate
 //! of the cluster's client CA whose user RBAC does not allow `nodes/proxy` gets 403 until it
-//! does; and the API server itself, forwarding `kubectl logs` with its kubelet client
-//! certificate, gets through to the pod lookup.
+//! does and the remembered refusal expires; and the API server itself, forwarding `kubectl
+//! logs` with its kubelet client certificate, gets through to the pod lookup.
 
 mod support;
 
@@ -88,6 +88,12 @@ async fn only_certificates_of_the_client_ca_that_rbac_allows_reach_the_kubelet_a
         ctx,
         Arc::new(ProviderClients::default()),
         "127.0.0.1:0".parse().expect("addr"),
+        // Refusals remembered two seconds rather than the kubelet's 30, so the grant below
+        // is seen soon.
+        kubelet::callers::Decisions::with_ttls(
+            kubelet::callers::ALLOWED_TTL,
+            std::time::Duration::from_secs(2),
+        ),
         stop.clone(),
     )
     .await
@@ -176,6 +182,10 @@ async fn only_certificates_of_the_client_ca_that_rbac_allows_reach_the_kubelet_a
         )
         .await
         .expect("binding");
+    // The refusal is remembered for its TTL, as a kubelet remembers it: no review is sent.
+    let (code, _) = get(&alice, path).await;
+    assert_eq!(code, 403, "the refusal is still remembered");
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
     let (code, text) = get(&alice, path).await;
     assert_eq!((code, text.as_str()), (404, not_bound));
 

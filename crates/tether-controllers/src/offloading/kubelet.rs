@@ -47,7 +47,7 @@ use tether_api::ClusterId;
 use tether_api::offloading::VirtualNode;
 use tokio_util::sync::CancellationToken;
 
-use self::callers::{Caller, ClientCa, RequestClientCert, Verdict};
+use self::callers::{Caller, ClientCa, Decisions, RequestClientCert, Verdict};
 use crate::Error;
 use crate::context::Ctx;
 use crate::https::PeerCertificates;
@@ -293,6 +293,7 @@ struct Kubelet {
     ctx: Arc<Ctx>,
     providers: Arc<ProviderClients>,
     client_ca: Arc<ClientCa>,
+    decisions: Decisions,
 }
 
 /// An answer that is not the provider's.
@@ -335,11 +336,13 @@ pub fn tls_config(ip: Option<&str>) -> Result<rustls::ServerConfig, Error> {
 }
 
 /// Binds `addr` and returns the bound address and the serving future, which runs until
-/// `shutdown` and keeps the client CA read from the cluster meanwhile.
+/// `shutdown` and keeps the client CA read from the cluster meanwhile. Authorisation answers
+/// are remembered as `decisions` says.
 pub async fn serve(
     ctx: Arc<Ctx>,
     providers: Arc<ProviderClients>,
     addr: SocketAddr,
+    decisions: Decisions,
     shutdown: CancellationToken,
 ) -> Result<(SocketAddr, impl Future<Output = ()> + use<>), Error> {
     let client_ca = Arc::new(ClientCa::default());
@@ -358,6 +361,7 @@ pub async fn serve(
             ctx,
             providers,
             client_ca,
+            decisions,
         }));
     let (bound, server) =
         crate::https::serve("the virtual kubelet API", addr, tls, app, shutdown).await?;
@@ -445,7 +449,10 @@ async fn authorize(
         .and_then(|s| s.node_name.as_deref())
         .unwrap_or_default();
     let verb = callers::verb(method);
-    match callers::authorize(&kubelet.ctx.client, caller, verb, node).await {
+    let decided = kubelet.decisions.decide(caller, verb, node, || {
+        callers::authorize(&kubelet.ctx.client, caller, verb, node)
+    });
+    match decided.await {
         Ok(Verdict::Allowed) => Ok(()),
         Ok(Verdict::Forbidden(message)) => {
             Err(Refusal::new(StatusCode::FORBIDDEN, "forbidden", message))

@@ -12,8 +12,9 @@
 //! request against the CA of the moment, so a missing or foreign certificate gets the
 //! kubelet's `401 Unauthorized` rather than a handshake alert, as upstream.
 
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, Instant};
 
 use http::Method;
 use k8s_openapi::api::authorization::v1::{
@@ -242,6 +243,97 @@ pub fn review(caller: &Caller, verb: &str, node: &str) -> SubjectAccessReview {
     }
 }
 
+/// How long an allowed answer is reused (kubelet's `--authorization-webhook-cache-authorized-ttl`
+/// default), so a `kubectl logs -f` reconnecting or a burst of execs costs one review.
+pub const ALLOWED_TTL: Duration = Duration::from_secs(5 * 60);
+/// How long a refusal is reused (`--authorization-webhook-cache-unauthorized-ttl`): short, so
+/// a RoleBinding just granted takes effect soon.
+pub const FORBIDDEN_TTL: Duration = Duration::from_secs(30);
+/// Answers kept at most; the authorizer's LRU in the kubelet holds as many.
+const DECISIONS_KEPT: usize = 8192;
+
+/// What one review asked: the caller as authenticated, the verb and the node.
+type Question = (String, Vec<String>, &'static str, String);
+
+/// SubjectAccessReview answers remembered for a while, as a kubelet's webhook authorizer
+/// remembers them. Failed reviews are never remembered.
+#[derive(Debug)]
+pub struct Decisions {
+    allowed_ttl: Duration,
+    forbidden_ttl: Duration,
+    answers: Mutex<HashMap<Question, (Verdict, Instant)>>,
+}
+
+impl Default for Decisions {
+    fn default() -> Self {
+        Self::with_ttls(ALLOWED_TTL, FORBIDDEN_TTL)
+    }
+}
+
+impl Decisions {
+    /// Answers kept `allowed_ttl` when allowed, `forbidden_ttl` when not.
+    pub fn with_ttls(allowed_ttl: Duration, forbidden_ttl: Duration) -> Self {
+        Self {
+            allowed_ttl,
+            forbidden_ttl,
+            answers: Mutex::default(),
+        }
+    }
+
+    /// The answer to `question` still valid at `now`, if any.
+    fn recall(&self, question: &Question, now: Instant) -> Option<Verdict> {
+        let answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        answers
+            .get(question)
+            .filter(|(_, until)| now < *until)
+            .map(|(verdict, _)| verdict.clone())
+    }
+
+    /// Remembers `verdict` from `now` for its TTL.
+    fn remember(&self, question: Question, verdict: Verdict, now: Instant) {
+        let ttl = match verdict {
+            Verdict::Allowed => self.allowed_ttl,
+            Verdict::Forbidden(_) => self.forbidden_ttl,
+        };
+        let mut answers = self.answers.lock().unwrap_or_else(PoisonError::into_inner);
+        if answers.len() >= DECISIONS_KEPT {
+            answers.retain(|_, (_, until)| now < *until);
+            if answers.len() >= DECISIONS_KEPT {
+                // Still full of live answers: forgetting them costs a review each, no more.
+                answers.clear();
+            }
+        }
+        answers.insert(question, (verdict, now + ttl));
+    }
+
+    /// Whether `caller` may `verb` on `nodes/proxy` of `node`: a remembered answer, or
+    /// `ask`'s, remembered when it is one.
+    pub async fn decide<F, Fut>(
+        &self,
+        caller: &Caller,
+        verb: &'static str,
+        node: &str,
+        ask: F,
+    ) -> Result<Verdict, Error>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<Verdict, Error>>,
+    {
+        let question = (
+            caller.user.clone(),
+            caller.groups.clone(),
+            verb,
+            node.to_owned(),
+        );
+        if let Some(verdict) = self.recall(&question, Instant::now()) {
+            return Ok(verdict);
+        }
+        let verdict = ask().await?;
+        self.remember(question, verdict.clone(), Instant::now());
+        Ok(verdict)
+    }
+}
+
 /// Asks the API server whether `caller` may `verb` on `nodes/proxy` of `node`.
 pub async fn authorize(
     client: &kube::Client,
@@ -379,6 +471,95 @@ mod tests {
             .expect_err("no CA yet");
         assert!(e.contains("extension-apiserver-authentication"), "{e}");
         assert!(ClientCa::from_pem("no PEM here").is_err());
+    }
+
+    fn caller(user: &str) -> Caller {
+        Caller {
+            user: user.to_owned(),
+            groups: vec![AUTHENTICATED.to_owned()],
+        }
+    }
+
+    #[tokio::test]
+    async fn answers_are_reused_until_their_ttl_and_failures_never() {
+        let decisions = Decisions::default();
+        let asked = std::sync::atomic::AtomicUsize::new(0);
+        let ask = |verdict: Result<Verdict, Error>| {
+            asked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move { verdict }
+        };
+        let alice = caller("alice");
+        let first = decisions
+            .decide(&alice, "get", "n1", || ask(Ok(Verdict::Allowed)))
+            .await;
+        assert_eq!(first.ok(), Some(Verdict::Allowed));
+        // The same question is not asked again; another verb, node or user is.
+        let again = decisions
+            .decide(&alice, "get", "n1", || {
+                ask(Ok(Verdict::Forbidden("no".into())))
+            })
+            .await;
+        assert_eq!(again.ok(), Some(Verdict::Allowed));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let create = decisions
+            .decide(&alice, "create", "n1", || {
+                ask(Ok(Verdict::Forbidden("no".into())))
+            })
+            .await;
+        assert_eq!(create.ok(), Some(Verdict::Forbidden("no".into())));
+        let bob = decisions
+            .decide(&caller("bob"), "get", "n1", || {
+                ask(Ok(Verdict::Forbidden("no".into())))
+            })
+            .await;
+        assert_eq!(bob.ok(), Some(Verdict::Forbidden("no".into())));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 3);
+        // A review that failed is asked again next time.
+        let failed = decisions
+            .decide(&alice, "get", "n2", || {
+                ask(Err(Error::Invalid("unreachable".into())))
+            })
+            .await;
+        assert!(failed.is_err());
+        let retried = decisions
+            .decide(&alice, "get", "n2", || ask(Ok(Verdict::Allowed)))
+            .await;
+        assert_eq!(retried.ok(), Some(Verdict::Allowed));
+        assert_eq!(asked.load(std::sync::atomic::Ordering::SeqCst), 5);
+        // Refusals expire after 30 s, permissions after 5 min.
+        let question = |user: &str, verb| {
+            (
+                user.to_owned(),
+                vec![AUTHENTICATED.to_owned()],
+                verb,
+                "n1".to_owned(),
+            )
+        };
+        let now = Instant::now();
+        let after = |user: &str, ttl: Duration| {
+            decisions.recall(&question(user, "get"), now + ttl + Duration::from_secs(1))
+        };
+        assert_eq!(after("bob", FORBIDDEN_TTL), None);
+        assert_eq!(after("alice", FORBIDDEN_TTL), Some(Verdict::Allowed));
+        assert_eq!(after("alice", ALLOWED_TTL), None);
+    }
+
+    #[test]
+    fn a_full_cache_keeps_working() {
+        let decisions = Decisions::default();
+        let now = Instant::now();
+        for i in 0..=DECISIONS_KEPT {
+            let q = (format!("u{i}"), Vec::new(), "get", "n".to_owned());
+            decisions.remember(q, Verdict::Allowed, now);
+        }
+        let answers = decisions.answers.lock().expect("lock");
+        assert!(answers.len() <= DECISIONS_KEPT, "{}", answers.len());
+        assert!(answers.contains_key(&(
+            format!("u{DECISIONS_KEPT}"),
+            Vec::new(),
+            "get",
+            "n".to_owned()
+        )));
     }
 
     #[test]
