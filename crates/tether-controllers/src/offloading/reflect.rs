@@ -10,14 +10,15 @@ use std::fmt::Debug;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -60,30 +61,29 @@ pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
         Api::<NamespaceOffloading>::all(client.clone()),
         watcher::Config::default(),
     )
-    .watches(
-        Api::<ConfigMap>::all(client.clone()),
-        watcher::Config::default(),
-        to_namespace,
-    )
-    .watches(
-        Api::<Secret>::all(client.clone()),
-        watcher::Config::default(),
-        to_namespace,
-    )
-    .watches(
-        Api::<Service>::all(client.clone()),
-        watcher::Config::default(),
-        to_namespace,
-    )
-    .watches(
-        Api::<EndpointSlice>::all(client.clone()),
-        watcher::Config::default(),
-        to_namespace,
-    )
+    // Metadata is all a trigger needs: the contents of Secrets and ConfigMaps of namespaces
+    // that are not offloaded never reach this controller, and those of offloaded ones are
+    // read when reconciling, per namespace.
+    .watches_stream(changes::<ConfigMap>(&client), to_namespace)
+    .watches_stream(changes::<Secret>(&client), to_namespace)
+    .watches_stream(changes::<Service>(&client), to_namespace)
+    .watches_stream(changes::<EndpointSlice>(&client), to_namespace)
     .graceful_shutdown_on(stop.cancelled_owned())
     .run(reconcile, error_policy, octx)
     .for_each(|_| async {})
     .await;
+}
+
+/// The objects of kind `K` that change, anywhere, as metadata only.
+fn changes<K>(
+    client: &kube::Client,
+) -> impl Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default,
+{
+    let api = Api::<PartialObjectMeta<K>>::all(client.clone());
+    watcher::watcher(api, watcher::Config::default()).touched_objects()
 }
 
 fn error_policy(no: Arc<NamespaceOffloading>, e: &Error, _: Arc<OffCtx>) -> Action {
