@@ -17,7 +17,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::wait::{await_condition, conditions};
 use prometheus_client::registry::Registry;
 use simkube::Cluster;
@@ -549,6 +550,39 @@ async fn shadow_pods_run_within_the_grant_mirror_their_pod_and_come_back_when_de
     );
     assert_eq!(ready(&st.conditions).0, "True");
 
+    // Reported, so marked for the consumer's watch; a mark removed by hand comes back with
+    // the next report.
+    let shadows: Api<ShadowPod> = Api::namespaced(client.clone(), twin);
+    let marked = || async {
+        shadows
+            .get("a")
+            .await
+            .expect("shadow a")
+            .labels()
+            .contains_key(labels::STATUS_REPORTED)
+    };
+    assert_eventually_async!(marked().await, Duration::from_secs(10), "marked reported");
+    let unmark = serde_json::json!({"metadata": {"labels": {labels::STATUS_REPORTED: null}}});
+    shadows
+        .patch("a", &PatchParams::default(), &Patch::Merge(&unmark))
+        .await
+        .expect("unmark");
+    assert!(!marked().await);
+    // Readiness lost is reported at once (a starting pod's routine steps wait).
+    let mut unready = pods.get("a").await.expect("pod a");
+    if let Some(c) = unready
+        .status
+        .as_mut()
+        .and_then(|st| st.conditions.as_mut())
+        .and_then(|cs| cs.first_mut())
+    {
+        c.status = "False".into();
+    }
+    pods.replace_status("a", &PostParams::default(), &unready)
+        .await
+        .expect("pod status");
+    assert_eventually_async!(marked().await, Duration::from_secs(10), "marked again");
+
     // Deleted by someone else: made again, as a new Pod.
     let first_uid = pods.get("a").await.expect("pod a").metadata.uid;
     pods.delete("a", &DeleteParams::default())
@@ -564,7 +598,6 @@ async fn shadow_pods_run_within_the_grant_mirror_their_pod_and_come_back_when_de
     );
 
     // A new image is carried by an update of the same Pod; any other change by a new Pod.
-    let shadows: Api<ShadowPod> = Api::namespaced(client.clone(), twin);
     let current = || async {
         pods.get_opt("a")
             .await

@@ -47,7 +47,16 @@ pub struct Stores {
     /// Every Pod made from a ShadowPod.
     pub pods: Store<Pod>,
     writers: Mutex<Option<(Writer<ShadowPod>, Writer<Pod>)>>,
+    /// ShadowPods this term has marked reported (UID → the versions that predate the mark): a
+    /// second status write can come before the store shows the mark, and marking again would
+    /// be one more write, sent whole to the consumer's watch. A later version without the
+    /// mark (removed by hand) is marked again. Forgotten all at once when full (the price:
+    /// one more mark each).
+    marked: Mutex<HashMap<String, Vec<String>>>,
 }
+
+/// How many marked UIDs [`Stores`] remembers.
+const MARKED_KEPT: usize = 16_384;
 
 /// A watch feeding one of [`Stores`].
 pub type Watch<K> = BoxStream<'static, Result<K, watcher::Error>>;
@@ -60,6 +69,7 @@ impl Default for Stores {
             shadow_pods,
             pods,
             writers: Mutex::new(Some((sw, pw))),
+            marked: Mutex::default(),
         }
     }
 }
@@ -849,16 +859,35 @@ async fn report(octx: &OffCtx, sp: &ShadowPod, next: ShadowPodStatus) -> Result<
     let ns = sp.namespace().unwrap_or_default();
     let name = sp.name_any();
     let api = Api::<ShadowPod>::namespaced(octx.ctx.client.clone(), &ns);
+    // The versions of `sp` that have no mark because they predate it.
+    let mut unmarked = vec![sp.metadata.resource_version.clone().unwrap_or_default()];
     if sp.status.as_ref() != Some(&next) {
         let mut obj = sp.clone();
         obj.status = Some(next);
-        api.replace_status(&name, &PostParams::default(), &obj)
+        let written = api
+            .replace_status(&name, &PostParams::default(), &obj)
             .await
             .map_err(Error::kube(format!(
                 "writing the status of ShadowPod {ns}/{name}"
             )))?;
+        unmarked.extend(written.metadata.resource_version);
     }
     if sp.labels().contains_key(labels::STATUS_REPORTED) {
+        return Ok(());
+    }
+    let uid = sp.metadata.uid.clone().unwrap_or_default();
+    let marked = || {
+        octx.shadow_pods
+            .marked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    };
+    let seen_version = sp.metadata.resource_version.as_deref().unwrap_or_default();
+    if marked()
+        .get(&uid)
+        .is_some_and(|before| before.iter().any(|v| v == seen_version))
+    {
+        // Marked already; the store has not shown it yet.
         return Ok(());
     }
     // Only the mark: a merge patch of the main resource leaves the consumer's fields alone.
@@ -868,6 +897,11 @@ async fn report(octx: &OffCtx, sp: &ShadowPod, next: ShadowPodStatus) -> Result<
         .map_err(Error::kube(format!(
             "marking ShadowPod {ns}/{name} reported"
         )))?;
+    let mut marked = marked();
+    if marked.len() >= MARKED_KEPT {
+        marked.clear();
+    }
+    marked.insert(uid, unmarked);
     Ok(())
 }
 
