@@ -26,7 +26,14 @@
 //! tetherd -p tether-cli --examples && cargo run --release -p tether-cli --example
 //! offloading_bench` (`--pods 100,1000` sizes, `--idle-secs 60`, `--attribute-secs 30` for
 //! the stopped window (0: none), `--nodes K` for the provider and the plain cluster, default
-//! the largest size / 100 + 1).
+//! the largest size / 100 + 1, `--cores shared|own`, default shared).
+//!
+//! With `--cores shared` all three clusters share every CPU, and the consumer's second
+//! control plane competes with the provider's nodes for them. With `--cores own` the consumer
+//! and this benchmark run on one half of the CPUs and the provider and the plain cluster on
+//! the other, every process of a cluster inheriting its daemon's affinity, as peered clusters
+//! are separate machines: the plain cluster gets the provider's CPUs, and the ratio shows
+//! what offloading costs the provider alone.
 
 mod common;
 
@@ -312,6 +319,74 @@ fn pct(sorted: &[f64], p: f64) -> f64 {
 }
 
 /// The sizes to run: `--pods 100,1000`.
+/// Where the clusters run on the machine's CPUs (`--cores`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Cores {
+    /// The consumer (and this benchmark) on one half of the CPUs, the provider and the plain
+    /// cluster on the other: separate clusters run on separate machines, and the plain cluster
+    /// gets exactly the provider's CPUs.
+    Own {
+        consumer: Vec<usize>,
+        provider: Vec<usize>,
+    },
+    /// Every cluster on every CPU: the consumer's control plane competes with the provider's
+    /// nodes, which no pair of real clusters does.
+    Shared,
+}
+
+impl Cores {
+    fn parse() -> Result<Self> {
+        let args: Vec<String> = std::env::args().collect();
+        let layout = args
+            .iter()
+            .position(|a| a == "--cores")
+            .map(|i| args.get(i + 1).map(String::as_str).unwrap_or_default())
+            .unwrap_or("shared");
+        match layout {
+            "shared" => Ok(Self::Shared),
+            "own" => {
+                let all = common::cpus()?;
+                if all.len() < 2 {
+                    return Err(format!(
+                        "--cores own needs two CPUs or more, this process may use {all:?}; \
+                         give --cores shared"
+                    ));
+                }
+                let (consumer, provider) = all.split_at(all.len() / 2);
+                Ok(Self::Own {
+                    consumer: consumer.to_vec(),
+                    provider: provider.to_vec(),
+                })
+            }
+            other => Err(format!("--cores {other:?}: give own or shared")),
+        }
+    }
+
+    fn consumer(&self) -> Option<&[usize]> {
+        match self {
+            Self::Own { consumer, .. } => Some(consumer),
+            Self::Shared => None,
+        }
+    }
+
+    fn provider(&self) -> Option<&[usize]> {
+        match self {
+            Self::Own { provider, .. } => Some(provider),
+            Self::Shared => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Self::Own { consumer, provider } => format!(
+                "own cores: consumer and benchmark on CPUs {consumer:?}, provider and plain \
+                 cluster on CPUs {provider:?}"
+            ),
+            Self::Shared => "shared cores: every cluster on every CPU".to_owned(),
+        }
+    }
+}
+
 fn sizes() -> Result<Vec<u64>> {
     let args: Vec<String> = std::env::args().collect();
     let Some(i) = args.iter().position(|a| a == "--pods") else {
@@ -474,15 +549,25 @@ fn run() -> Result {
             "--nodes {nodes}: {largest} pods need more nodes (110 pods each, some taken by Tether)"
         ));
     }
+    let cores = Cores::parse()?;
     let pid = std::process::id();
     let mut bench = Bench::new("offloading")?;
     let started = Instant::now();
-    let consumer = bench.up(&format!("oc{pid}"), 1)?;
+    // Each cluster's processes inherit this thread's CPUs, and so does every thread and
+    // child this benchmark starts after the last change: all before the first thread.
+    if let Some(cpus) = cores.provider() {
+        common::pin_self(cpus)?;
+    }
     let provider = bench.up(&format!("op{pid}"), nodes)?;
     let plain = bench.up(&format!("ob{pid}"), nodes)?;
+    if let Some(cpus) = cores.consumer() {
+        common::pin_self(cpus)?;
+    }
+    let consumer = bench.up(&format!("oc{pid}"), 1)?;
     eprintln!(
-        "clusters up in {:.0}s ({nodes} nodes each for the provider and the plain cluster)",
-        started.elapsed().as_secs_f64()
+        "clusters up in {:.0}s ({nodes} nodes each for the provider and the plain cluster; {})",
+        started.elapsed().as_secs_f64(),
+        cores.describe()
     );
     bench.tether(&consumer, &["install", "--cluster-id", CONSUMER_ID])?;
     bench.tether(&provider, &["install", "--cluster-id", PROVIDER_ID])?;
@@ -726,7 +811,7 @@ fn run() -> Result {
         });
     }
 
-    report(nodes, &idle0, rss0, &rows);
+    report(nodes, &cores, &idle0, rss0, &rows);
     Ok(())
 }
 
@@ -745,10 +830,11 @@ fn requests(list: &[(String, u64)]) -> String {
         .join(", ")
 }
 
-fn report(nodes: u8, idle0: &Idle, rss0: (u64, u64), rows: &[Row]) {
+fn report(nodes: u8, cores: &Cores, idle0: &Idle, rss0: (u64, u64), rows: &[Row]) {
     println!(
         "\nprovider and plain cluster: {nodes} nodes each; consumer: 1 node; pods: sleeper, \
-         requests cpu 1m memory 1Mi"
+         requests cpu 1m memory 1Mi; {}",
+        cores.describe()
     );
     println!(
         "controller before any burst: VmRSS {:.1} MiB, VmHWM {:.1} MiB; idle {:.0}s with no pod: \

@@ -77,7 +77,9 @@ impl Bench {
             .map_err(|e| format!("running simkube: {e}"))
     }
 
-    /// Starts cluster `name` with `nodes` nodes on the run's underlay.
+    /// Starts cluster `name` with `nodes` nodes on the run's underlay. Its processes (the
+    /// daemon `cluster up` starts, its node agents and their pods) inherit the CPU affinity of
+    /// the calling thread: see [`pin_self`].
     pub(crate) fn up(&mut self, name: &str, nodes: u8) -> Result<Cluster> {
         let kubeconfig = self.state.join(format!("{name}.kubeconfig"));
         self.clusters.push((name.to_owned(), kubeconfig.clone()));
@@ -175,6 +177,25 @@ pub(crate) fn arg(name: &str, default: u64) -> Result<u64> {
             .ok_or_else(|| format!("{name} needs a number")),
         None => Ok(default),
     }
+}
+
+/// The CPUs this process may run on, in order.
+pub(crate) fn cpus() -> Result<Vec<usize>> {
+    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))
+        .map_err(|e| format!("reading the CPU affinity: {e}"))?;
+    Ok((0..nix::sched::CpuSet::count())
+        .filter(|&c| set.is_set(c).unwrap_or(false))
+        .collect())
+}
+
+/// Keeps the calling thread, and every thread and process it starts from now on, on `cpus`.
+pub(crate) fn pin_self(cpus: &[usize]) -> Result {
+    let mut set = nix::sched::CpuSet::new();
+    for &c in cpus {
+        set.set(c).map_err(|e| format!("CPU {c}: {e}"))?;
+    }
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)
+        .map_err(|e| format!("setting the CPU affinity to {cpus:?}: {e}"))
 }
 
 pub(crate) fn is_root() -> bool {
