@@ -36,9 +36,39 @@ pub enum Protocols {
     Http1,
 }
 
+/// The User-Agent of every request, formed as client-go forms its default
+/// (`<program>/<version> (<os>/<arch>)`): kube-apiserver names the field manager of a write
+/// that names none after the part before the `/`, so every write shows in `managedFields`.
+pub fn user_agent() -> String {
+    let program = std::env::args_os()
+        .next()
+        .and_then(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| "tether".to_owned());
+    format!(
+        "{program}/v{} ({}/{})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH
+    )
+}
+
 /// A client for `config` over the stack described above: the same authentication, TLS
-/// verification, timeouts and retries as `kube::Client::try_from`, another connection pool.
+/// verification, timeouts and retries as `kube::Client::try_from`, another connection pool,
+/// and [`user_agent`] unless `config` sets one.
 pub fn client(config: &kube::Config, protocols: Protocols) -> Result<kube::Client, kube::Error> {
+    let mut config = config.clone();
+    let agent = axum::http::header::USER_AGENT;
+    if !config.headers.iter().any(|(name, _)| *name == agent)
+        && let Ok(value) = axum::http::HeaderValue::from_str(&user_agent())
+    {
+        config.headers.push((agent, value));
+    }
+    let config = &config;
     let tls = config.rustls_client_config()?;
     let mut connector = HttpConnector::new();
     connector.enforce_http(false);

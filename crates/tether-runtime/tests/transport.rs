@@ -51,6 +51,49 @@ fn connections_to(port: u16) -> usize {
 }
 
 #[tokio::test]
+async fn a_write_naming_no_field_manager_is_managed_by_the_program() {
+    let cluster = simkube::Cluster::builder()
+        .name("runtime-agent")
+        .tls(true)
+        .start()
+        .await
+        .expect("cluster");
+    let client = transport::client(&config(&cluster).await, Protocols::Negotiated).expect("client");
+    let agent = transport::user_agent();
+    let program = std::env::args()
+        .next()
+        .and_then(|p| p.rsplit('/').next().map(str::to_owned))
+        .expect("program");
+    assert!(
+        agent.starts_with(&format!("{program}/v")),
+        "{agent} names {program}"
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(client, "default");
+    let cm = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some("agent".to_owned()),
+            ..Default::default()
+        },
+        // A manager owning no field gets no entry.
+        data: Some([("k".to_owned(), "v".to_owned())].into()),
+        ..Default::default()
+    };
+    let written = cms
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+    let managers: Vec<_> = written
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| (m.manager.clone(), m.operation.clone()))
+        .collect();
+    assert_eq!(managers, vec![(Some(program), Some("Update".to_owned()))]);
+    cluster.shutdown().await;
+}
+
+#[tokio::test]
 async fn watches_and_a_burst_of_writes_share_one_http2_connection() {
     let cluster = simkube::Cluster::builder()
         .name("runtime-h2")
