@@ -10,6 +10,15 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use tether_runtime::transport::{self, Protocols};
 
+async fn tls_cluster(name: &str) -> simkube::Cluster {
+    simkube::Cluster::builder()
+        .name(name)
+        .tls(true)
+        .start()
+        .await
+        .expect("cluster")
+}
+
 async fn config(cluster: &simkube::Cluster) -> kube::Config {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("kubeconfig");
@@ -52,12 +61,7 @@ fn connections_to(port: u16) -> usize {
 
 #[tokio::test]
 async fn a_write_naming_no_field_manager_is_managed_by_the_program() {
-    let cluster = simkube::Cluster::builder()
-        .name("runtime-agent")
-        .tls(true)
-        .start()
-        .await
-        .expect("cluster");
+    let cluster = tls_cluster("runtime-agent").await;
     let client = transport::client(&config(&cluster).await, Protocols::Negotiated).expect("client");
     let agent = transport::user_agent();
     let program = std::env::args()
@@ -95,12 +99,7 @@ async fn a_write_naming_no_field_manager_is_managed_by_the_program() {
 
 #[tokio::test]
 async fn watches_and_a_burst_of_writes_share_one_http2_connection() {
-    let cluster = simkube::Cluster::builder()
-        .name("runtime-h2")
-        .tls(true)
-        .start()
-        .await
-        .expect("cluster");
+    let cluster = tls_cluster("runtime-h2").await;
     let port: u16 = cluster
         .url()
         .parse::<http::Uri>()
