@@ -149,16 +149,22 @@ pub fn controller_cluster_rules() -> Vec<PolicyRule> {
         rule(&[CORE], &["serviceaccounts/token"], &["create"]),
         // The consumer's side: the provisioner of the `tether` StorageClass binds a claim of a
         // pod on a virtual node to a volume it makes here, and removes that volume once
-        // released.
+        // released. As the class's resizer it grows that volume and reports the claim's new
+        // capacity in the claim's status once the provider has grown the twin claim.
         rule(
             &[CORE],
             &["persistentvolumes"],
-            &["get", "list", "watch", "create", "delete"],
+            &["get", "list", "watch", "create", "patch", "delete"],
         ),
         rule(
             &[CORE],
             &["persistentvolumeclaims"],
             &["get", "list", "watch", "update", "patch"],
+        ),
+        rule(
+            &[CORE],
+            &["persistentvolumeclaims/status"],
+            &["get", "update", "patch"],
         ),
         rule(&["storage.k8s.io"], &["storageclasses"], READ),
         // The pod webhook's configuration, whose caBundle the controller keeps.

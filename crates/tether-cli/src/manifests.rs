@@ -374,13 +374,16 @@ pub fn render(opts: &InstallOptions) -> Vec<Manifest> {
 
 /// The class of claims served by the provider that runs the pod using them. Binding waits
 /// for the pod's node, since only a virtual node says which provider that is; a claim of a
-/// pod on a real node is not this class's to serve.
+/// pod on a real node is not this class's to serve. Expansion is allowed here because the
+/// controller resizes these claims; whether the twin claim can grow is the provider's class's
+/// to say, and a refusal there comes back as an Event on the claim.
 fn storage_class() -> StorageClass {
     StorageClass {
         metadata: meta(storage::STORAGE_CLASS, None),
         provisioner: storage::PROVISIONER.to_owned(),
         reclaim_policy: Some("Delete".to_owned()),
         volume_binding_mode: Some("WaitForFirstConsumer".to_owned()),
+        allow_volume_expansion: Some(true),
         ..Default::default()
     }
 }

@@ -3,8 +3,11 @@
 //! strategy): a claim of the `tether` StorageClass used by an offloaded pod is bound here to a
 //! volume pinned to the virtual node and served at the provider by a twin claim of the
 //! provider's default class; what one pod writes there the next pod of the claim reads; and
-//! deleting the claim removes the volume here and the twin claim there. Needs root (the
-//! clusters' pods are processes in network namespaces); in CI it must run.
+//! resizing the claim with kubectl is refused by the provider while its class does not allow
+//! expansion (an Event here says so, nothing changes) and goes through, twin claim first,
+//! once it does; a shrink is refused with kube-apiserver's message; and deleting the claim
+//! removes the volume here and the twin claim there. Needs root (the clusters' pods are
+//! processes in network namespaces); in CI it must run.
 
 mod e2e;
 
@@ -162,6 +165,105 @@ spec:
         ),
         "the provisioner's metrics"
     );
+
+    // Resizing: the provider's default class, like kind's, does not allow expansion, so the
+    // twin claim cannot grow; the claim here says so and nothing is half done.
+    let request = |size: &str| {
+        a.kubectl(&[
+            "patch",
+            "pvc",
+            "-n",
+            NS,
+            CLAIM,
+            "-p",
+            &format!(r#"{{"spec":{{"resources":{{"requests":{{"storage":"{size}"}}}}}}}}"#),
+        ])
+    };
+    let events = |reason: &str| {
+        a.jsonpath(
+            &["events", "-n", NS],
+            &format!(
+                r#"{{range .items[?(@.involvedObject.name=="{CLAIM}")]}}{{.reason}}={{.message}}{{"\n"}}{{end}}"#
+            ),
+        )
+        .lines()
+        .filter(|l| l.starts_with(&format!("{reason}=")))
+        .map(str::to_owned)
+        .collect::<Vec<_>>()
+    };
+    let started = Instant::now();
+    request("128Mi").ok();
+    a.wait(
+        "VolumeResizeFailed on the claim",
+        Duration::from_secs(30),
+        || !events("VolumeResizeFailed").is_empty(),
+    );
+    let failed = events("VolumeResizeFailed").join("\n");
+    assert!(
+        failed.contains(
+            "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize"
+        ) && failed.contains("allowVolumeExpansion: true"),
+        "{failed}"
+    );
+    println!(
+        "the provider's refusal reported after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(there("{.spec.resources.requests.storage}"), "64Mi");
+    assert_eq!(volume("{.spec.capacity.storage}"), "64Mi");
+    assert_eq!(claim("{.status.capacity.storage}"), "64Mi");
+    assert_eq!(claim("{.status.conditions}"), "", "not marked as resizing");
+
+    // The provider's administrator allows it; the retry goes through.
+    b.kubectl(&[
+        "patch",
+        "storageclass",
+        "standard",
+        "-p",
+        r#"{"allowVolumeExpansion":true}"#,
+    ])
+    .ok();
+    let started = Instant::now();
+    a.wait(
+        "the claim's capacity 128Mi",
+        Duration::from_secs(120),
+        || claim("{.status.capacity.storage}") == "128Mi",
+    );
+    println!(
+        "claim resized {:?} after the provider allowed expansion",
+        started.elapsed()
+    );
+    assert_eq!(there("{.spec.resources.requests.storage}"), "128Mi");
+    assert_eq!(there("{.status.capacity.storage}"), "128Mi");
+    let provider_pv = there("{.spec.volumeName}");
+    assert_eq!(
+        b.jsonpath(&["pv", &provider_pv], "{.spec.capacity.storage}"),
+        "128Mi"
+    );
+    assert_eq!(volume("{.spec.capacity.storage}"), "128Mi");
+    assert_eq!(claim("{.status.allocatedResources.storage}"), "128Mi");
+    assert_eq!(
+        claim("{.status.conditions}"),
+        "",
+        "the Resizing condition gone"
+    );
+    a.wait(
+        "VolumeResizeSuccessful on the claim",
+        Duration::from_secs(10),
+        || !events("VolumeResizeSuccessful").is_empty(),
+    );
+    assert!(!events("Resizing").is_empty(), "the Resizing event");
+    // Shrinking is refused as kube-apiserver refuses it, and changes nothing.
+    request("64Mi").fails(
+        1,
+        &[
+            r#"The PersistentVolumeClaim "data" is invalid: spec.resources.requests.storage: Forbidden: field can not be less than status.capacity"#,
+        ],
+    );
+    assert_eq!(claim("{.spec.resources.requests.storage}"), "128Mi");
+    // The data is still there.
+    let read = a.kubectl(&["exec", "-n", NS, "reader", "--", "cat", "/data/note"]);
+    assert_eq!(read.ok().stdout.trim(), "kept-42");
 
     // Deleting the claim removes the volume here and the twin claim there.
     a.kubectl(&["delete", "pod", "-n", NS, "reader", "--timeout", "60s"])

@@ -442,6 +442,9 @@ pub fn validate(rt: &ResourceType, obj: &Value, old: Option<&Value>) -> Result<(
         if is(rt, "", "pods") {
             causes.extend(pod_update_problems(old, obj));
         }
+        if is(rt, "", "persistentvolumeclaims") {
+            causes.extend(claim_update_problems(old, obj));
+        }
     }
     causes.extend(type_problems(rt, obj));
     if causes.is_empty() {
@@ -503,6 +506,88 @@ fn pod_update_problems(old: &Value, new: &Value) -> Vec<Cause> {
         "spec",
         "pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)",
     )]
+}
+
+/// The beta annotation naming a claim's class, from before `spec.storageClassName`.
+const CLAIM_CLASS_BETA: &str = "volume.beta.kubernetes.io/storage-class";
+
+/// kube-apiserver 1.33's `ValidatePersistentVolumeClaimUpdate` (RecoverVolumeExpansionFailure
+/// on, as it is by default since 1.32): a claim's spec is fixed once created, except that the
+/// volume controller names its volume once, a class may be filled in where none was (the
+/// retroactive default class, or the beta annotation moving to the field), and a bound claim's
+/// storage request may change, down to just above `status.capacity` so that a user can back
+/// out of an expansion the storage cannot make. Whether it may grow is admission's question.
+fn claim_update_problems(old: &Value, new: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let (mut was, mut now) = (old["spec"].clone(), new["spec"].clone());
+    let (Some(was_map), Some(now_map)) = (was.as_object_mut(), now.as_object_mut()) else {
+        return causes;
+    };
+    if was_map
+        .get("volumeName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
+        match now_map.get("volumeName") {
+            Some(v) => was_map.insert("volumeName".into(), v.clone()),
+            None => was_map.remove("volumeName"),
+        };
+    }
+    let unset = |m: &Map<String, Value>| m.get("storageClassName").is_none_or(Value::is_null);
+    if unset(&*was_map) && !unset(&*now_map) {
+        let annotation = |o: &Value| {
+            o["metadata"]["annotations"][CLAIM_CLASS_BETA]
+                .as_str()
+                .map(str::to_owned)
+        };
+        let upgrade = match annotation(old) {
+            Some(class) => {
+                now_map.get("storageClassName").and_then(Value::as_str) == Some(class.as_str())
+                    && annotation(new).is_none_or(|c| c == class)
+            }
+            None => true,
+        };
+        if upgrade {
+            now_map.remove("storageClassName");
+        }
+    }
+    if new["status"]["phase"].as_str() == Some("Bound")
+        && let Some(requests) = now_map
+            .get_mut("resources")
+            .and_then(|r| r.get_mut("requests"))
+            .and_then(Value::as_object_mut)
+    {
+        match old["spec"]["resources"]["requests"].get("storage") {
+            Some(v) => requests.insert("storage".into(), v.clone()),
+            None => requests.remove("storage"),
+        };
+    }
+    if was != now {
+        // kube-apiserver appends a Go diff of the two specs, which is not reproduced.
+        causes.push(forbidden(
+            "spec",
+            "spec is immutable after creation except resources.requests and volumeAttributesClassName for bound claims",
+        ));
+    }
+    let size = |v: &Value| {
+        v.as_str()
+            .and_then(crate::controllers::scheduler::parse_quantity)
+            .unwrap_or(0)
+    };
+    let storage = |o: &Value| size(&o["spec"]["resources"]["requests"]["storage"]);
+    let (old_size, new_size) = (storage(old), storage(new));
+    if new_size < old_size && new_size <= size(&old["status"]["capacity"]["storage"]) {
+        causes.push(forbidden(
+            "spec.resources.requests.storage",
+            "field can not be less than status.capacity",
+        ));
+    }
+    let mode = &new["spec"]["volumeMode"];
+    if old["spec"]["volumeMode"] != *mode {
+        // Upstream's path, without `spec.`.
+        causes.push(invalid_value("volumeMode", mode, "field is immutable"));
+    }
+    causes
 }
 
 /// Required fields the real server insists on, for the types whose absence would surprise.
@@ -1005,6 +1090,51 @@ mod tests {
         assert_eq!(status["spec"]["replicas"], 1);
         assert_eq!(status["status"]["replicas"], 1);
         assert_eq!(status["metadata"]["generation"], 1);
+    }
+
+    #[test]
+    fn claims_may_back_out_of_an_expansion_down_to_just_above_their_capacity() {
+        let claim = |request: &str| {
+            json!({"metadata": {"name": "data"},
+                "spec": {"accessModes": ["ReadWriteOnce"], "volumeMode": "Filesystem",
+                    "storageClassName": "fast", "volumeName": "pv-1",
+                    "resources": {"requests": {"storage": request}}},
+                "status": {"phase": "Bound", "capacity": {"storage": "2Gi"}}})
+        };
+        // An expansion to 3Gi the storage could not make: 2.5Gi is still more than it has.
+        let old = claim("3Gi");
+        assert_eq!(claim_update_problems(&old, &claim("2560Mi")), []);
+        assert_eq!(claim_update_problems(&old, &claim("4Gi")), []);
+        let problems = claim_update_problems(&old, &claim("2Gi"));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "spec.resources.requests.storage");
+        assert_eq!(
+            problems[0].message,
+            "Forbidden: field can not be less than status.capacity"
+        );
+        // The volume mode is reported twice, as upstream reports it.
+        let mut block = claim("3Gi");
+        block["spec"]["volumeMode"] = json!("Block");
+        let fields: Vec<_> = claim_update_problems(&old, &block)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(fields, ["spec", "volumeMode"]);
+        // A class filled in where there was none (the retroactive default class) is no change.
+        let mut unnamed = json!({"metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}}},
+            "status": {"phase": "Pending"}});
+        let mut named = unnamed.clone();
+        named["spec"]["storageClassName"] = json!("fast");
+        assert_eq!(claim_update_problems(&unnamed, &named), []);
+        unnamed["spec"]["volumeName"] = json!("pv-1");
+        named["spec"]["volumeName"] = json!("pv-2");
+        assert_eq!(
+            claim_update_problems(&unnamed, &named).len(),
+            1,
+            "the volume is named once"
+        );
     }
 
     #[test]

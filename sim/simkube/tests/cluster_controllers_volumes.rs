@@ -1,7 +1,8 @@
 //! Persistent volumes against a running simkube through the real kube-rs client and kubectl:
 //! DefaultStorageClass admission, `WaitForFirstConsumer` provisioning after the scheduler picks
-//! a node, pre-bound volumes of an external provisioner, reclaiming released volumes, and the
-//! scheduler's VolumeBinding messages.
+//! a node, pre-bound volumes of an external provisioner, reclaiming released volumes, the
+//! scheduler's VolumeBinding messages, and volume expansion (PersistentVolumeClaimResize
+//! admission, claim update validation and the host-path provisioner as its own resizer).
 
 mod cluster_controllers_support;
 mod support;
@@ -10,12 +11,12 @@ use cluster_controllers_support::{condition, create_node, eventually, node, node
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::Client;
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use simkube::controllers::Controllers;
 use simkube::controllers::persistent_volumes::{
     ANN_BIND_COMPLETED, ANN_BOUND_BY_CONTROLLER, ANN_PROVISIONED_BY, ANN_SELECTED_NODE,
-    ANN_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER_BETA, HOST_PATH_PROVISIONER,
+    ANN_STORAGE_PROVISIONER, ANN_STORAGE_PROVISIONER_BETA, HOST_PATH_PROVISIONER, RESIZING,
     default_storage_class,
 };
 use support::{Kubectl, kubectl_available};
@@ -616,4 +617,241 @@ async fn pods_whose_claims_no_node_can_serve_are_unschedulable_with_the_real_mes
         Some("standard".into())
     );
     assert!(node_of(&pods.get("waiting").await.expect("pod")).is_none());
+}
+
+fn expandable(name: &str) -> StorageClass {
+    let mut c = class(name, "Immediate", HOST_PATH_PROVISIONER, "Delete");
+    c.allow_volume_expansion = Some(true);
+    c
+}
+
+/// Asks for `size` of storage in `claim` with a merge patch, as `kubectl patch` sends it.
+async fn request(
+    claims: &Api<PersistentVolumeClaim>,
+    claim: &str,
+    size: &str,
+) -> Result<PersistentVolumeClaim, kube::Error> {
+    let patch = json!({"spec": {"resources": {"requests": {"storage": size}}}});
+    claims
+        .patch(claim, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+}
+
+fn refusal(result: Result<PersistentVolumeClaim, kube::Error>) -> (u16, String, String) {
+    match result {
+        Err(kube::Error::Api(status)) => (status.code, status.reason, status.message),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+fn capacity(claim: &PersistentVolumeClaim) -> Option<String> {
+    Some(
+        claim
+            .status
+            .as_ref()?
+            .capacity
+            .as_ref()?
+            .get("storage")?
+            .0
+            .clone(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bound_claims_of_an_expandable_class_grow_through_the_host_path_resizer() {
+    let (cluster, client, _volumes) = cluster().await;
+    create_class(&client, &expandable("growing")).await;
+    let claims: Api<PersistentVolumeClaim> = Api::default_namespaced(client.clone());
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    claims
+        .create(
+            &PostParams::default(),
+            &claim("grow", json!({"storageClassName": "growing"})),
+        )
+        .await
+        .expect("claim");
+    let bound = bound_claim(&claims, "grow").await;
+    assert_eq!(capacity(&bound).as_deref(), Some("1Gi"));
+    let pv = bound.spec.and_then(|s| s.volume_name).expect("volume");
+
+    request(&claims, "grow", "2Gi").await.expect("grow");
+    let grown = eventually("claim capacity 2Gi", || async {
+        let c = claims.get("grow").await.ok()?;
+        (capacity(&c).as_deref() == Some("2Gi")).then_some(c)
+    })
+    .await;
+    let status = grown.status.expect("status");
+    assert_eq!(
+        status
+            .allocated_resources
+            .as_ref()
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.as_str()),
+        Some("2Gi")
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .flatten()
+            .all(|c| c.type_ != RESIZING),
+        "no Resizing condition once done: {:?}",
+        status.conditions
+    );
+    assert!(
+        status
+            .allocated_resource_statuses
+            .as_ref()
+            .is_none_or(|s| !s.contains_key("storage")),
+        "{:?}",
+        status.allocated_resource_statuses
+    );
+    let volume = pvs.get(&pv).await.expect("pv");
+    assert_eq!(
+        volume
+            .spec
+            .and_then(|s| s.capacity)
+            .and_then(|c| c.get("storage").cloned())
+            .map(|q| q.0)
+            .as_deref(),
+        Some("2Gi")
+    );
+    let events = eventually("the resizer's events", || async {
+        let events = claim_events(&client, "grow").await;
+        events
+            .iter()
+            .any(|(r, _)| r == "VolumeResizeSuccessful")
+            .then_some(events)
+    })
+    .await;
+    assert!(
+        events.contains(&(
+            "Resizing".to_owned(),
+            format!("External resizer is resizing volume {pv}")
+        )),
+        "{events:?}"
+    );
+    assert!(
+        events.contains(&(
+            "VolumeResizeSuccessful".to_owned(),
+            "Resize volume succeeded".to_owned()
+        )),
+        "{events:?}"
+    );
+
+    if !kubectl_available() {
+        return;
+    }
+    let k = Kubectl::new(&cluster);
+    k.ok(&[
+        "patch",
+        "pvc",
+        "grow",
+        "-p",
+        r#"{"spec":{"resources":{"requests":{"storage":"3Gi"}}}}"#,
+    ])
+    .await;
+    eventually("claim capacity 3Gi through kubectl", || async {
+        let c = claims.get("grow").await.ok()?;
+        (capacity(&c).as_deref() == Some("3Gi")).then_some(())
+    })
+    .await;
+    let shrink = k
+        .fails(&[
+            "patch",
+            "pvc",
+            "grow",
+            "-p",
+            r#"{"spec":{"resources":{"requests":{"storage":"1Gi"}}}}"#,
+        ])
+        .await;
+    assert!(
+        shrink.contains(
+            r#"The PersistentVolumeClaim "grow" is invalid: spec.resources.requests.storage: Forbidden: field can not be less than status.capacity"#
+        ),
+        "{shrink}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn resizes_are_refused_as_kube_apiserver_refuses_them() {
+    let (_cluster, client, _volumes) = cluster().await;
+    create_class(
+        &client,
+        &class("fixed", "Immediate", HOST_PATH_PROVISIONER, "Delete"),
+    )
+    .await;
+    create_class(&client, &expandable("growing")).await;
+    let claims: Api<PersistentVolumeClaim> = Api::default_namespaced(client.clone());
+    let pp = PostParams::default();
+    for (name, class) in [("fixed", "fixed"), ("grow", "growing")] {
+        claims
+            .create(&pp, &claim(name, json!({"storageClassName": class})))
+            .await
+            .expect("claim");
+        bound_claim(&claims, name).await;
+    }
+    // A class without allowVolumeExpansion (like kind's `standard`): PersistentVolumeClaimResize.
+    let (code, reason, message) = refusal(request(&claims, "fixed", "2Gi").await);
+    assert_eq!((code, reason.as_str()), (403, "Forbidden"));
+    assert_eq!(
+        message,
+        "persistentvolumeclaims \"fixed\" is forbidden: only dynamically provisioned pvc can be \
+         resized and the storageclass that provisions the pvc must support resize"
+    );
+    // Shrinking to (or below) what the volume has is invalid, before admission is asked.
+    for claim_name in ["fixed", "grow"] {
+        let (code, _, message) = refusal(request(&claims, claim_name, "512Mi").await);
+        assert_eq!(code, 422, "{message}");
+        assert_eq!(
+            message,
+            format!(
+                "PersistentVolumeClaim \"{claim_name}\" is invalid: spec.resources.requests.storage: \
+                 Forbidden: field can not be less than status.capacity"
+            )
+        );
+    }
+    // The same size in other words is no change.
+    request(&claims, "fixed", "1024Mi")
+        .await
+        .expect("an equal request");
+    // The rest of a bound claim's spec stays as it was created.
+    let patch = json!({"spec": {"accessModes": ["ReadWriteMany"]}});
+    let (code, _, message) = refusal(
+        claims
+            .patch("grow", &PatchParams::default(), &Patch::Merge(&patch))
+            .await,
+    );
+    assert_eq!(code, 422);
+    assert_eq!(
+        message,
+        "PersistentVolumeClaim \"grow\" is invalid: spec: Forbidden: spec is immutable after \
+         creation except resources.requests and volumeAttributesClassName for bound claims"
+    );
+    // A claim not yet bound cannot change its request at all.
+    claims
+        .create(&pp, &claim("waiting", json!({})))
+        .await
+        .expect("claim");
+    let (code, _, message) = refusal(request(&claims, "waiting", "2Gi").await);
+    assert_eq!(code, 422);
+    assert!(
+        message.starts_with(
+            "PersistentVolumeClaim \"waiting\" is invalid: spec: Forbidden: spec is immutable"
+        ),
+        "{message}"
+    );
+    // Nothing refused was written, and nothing was resized.
+    let fixed = claims.get("fixed").await.expect("claim");
+    assert_eq!(capacity(&fixed).as_deref(), Some("1Gi"));
+    assert_eq!(
+        fixed
+            .spec
+            .and_then(|s| s.resources)
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").cloned())
+            .map(|q| q.0)
+            .as_deref(),
+        Some("1024Mi")
+    );
 }

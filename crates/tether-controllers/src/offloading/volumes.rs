@@ -4,7 +4,10 @@
 //! namespace (the provider's own class provisions it once the offloaded pod is scheduled
 //! there) and, at once, a local volume pre-bound to it whose node affinity keeps every later
 //! pod of the claim on that virtual node, where the data is. A released volume with reclaim
-//! `Delete` takes the twin claim with it. The plans are pure functions; `run` applies them.
+//! `Delete` takes the twin claim with it. It is also the class's resizer: a bound claim that
+//! asks for more than it has gets its twin claim's request raised at the provider, and once
+//! the provider reports the twin's new capacity the local volume and the claim follow. The
+//! plans are pure functions; `run` applies them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,6 +20,8 @@ use k8s_openapi::api::core::v1::{
     PersistentVolumeSpec, VolumeNodeAffinity, VolumeResourceRequirements,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -24,6 +29,7 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tether_api::ClusterId;
 use tether_api::names::{labels, storage};
+use tether_resources::Amount;
 use tokio_util::sync::CancellationToken;
 
 use super::OffCtx;
@@ -44,6 +50,15 @@ const MANAGER: &str = "tether-volumes";
 const CALL: Duration = Duration::from_secs(5);
 /// How soon a claim that waits on its provider is looked at again.
 const WAITING: Duration = Duration::from_secs(5);
+/// How soon a claim whose twin the provider is growing is looked at again: the provider's
+/// watch is not this cluster's, so nothing wakes the claim when the twin has grown.
+const GROWING: Duration = Duration::from_secs(2);
+/// The claim condition while its volume is being expanded, as Kubernetes names it.
+pub const RESIZING: &str = "Resizing";
+/// The first retry of a refused resize, doubled at each refusal up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+/// The longest wait between retries of a refused resize.
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// What the provisioner does about one claim, decided from the claim, its class and the node
 /// the scheduler chose.
@@ -302,6 +317,195 @@ pub fn to_reclaim(pv: &PersistentVolume) -> bool {
             == Some("Delete")
 }
 
+/// The storage a claim's spec asks for (`None`: none, or unreadable).
+fn requested(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+}
+
+/// The storage a claim's status says it has.
+fn held(claim: &PersistentVolumeClaim) -> Option<&Quantity> {
+    claim.status.as_ref()?.capacity.as_ref()?.get("storage")
+}
+
+fn amount(q: Option<&Quantity>) -> Amount {
+    q.and_then(|q| Amount::parse(&q.0).ok())
+        .unwrap_or(Amount::ZERO)
+}
+
+fn phase(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim.status.as_ref()?.phase.as_deref()
+}
+
+/// Whether `claim` is bound and asks for more storage than it has: a resize to carry out.
+pub fn wants_resize(claim: &PersistentVolumeClaim) -> bool {
+    claim.metadata.deletion_timestamp.is_none()
+        && phase(claim) == Some("Bound")
+        && amount(requested(claim)) > amount(held(claim))
+}
+
+/// The next step of a claim's resize.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resize {
+    /// Nothing to do: the claim has what it asks for.
+    Settled,
+    /// Raise the twin claim's request to `size`.
+    Ask {
+        /// The claim's request.
+        size: Quantity,
+    },
+    /// The provider has been asked for `size` and is growing the twin claim.
+    Growing {
+        /// The claim's request.
+        size: Quantity,
+    },
+    /// The twin claim has grown to `capacity`: the local volume (unless it already shows as
+    /// much) and then the claim's status follow.
+    Follow {
+        /// What the twin claim has now, at least the request.
+        capacity: Quantity,
+        /// Whether the local volume's capacity is below it.
+        grow_volume: bool,
+    },
+    /// The resize cannot go on now; what is wrong and what to do.
+    Refuse(String),
+}
+
+/// The next step of resizing `claim`, bound to `pv`, whose twin claim `at` (described for
+/// messages) is `twin` (`None`: there is none of this claim's).
+pub fn resize(
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+    twin: Option<&PersistentVolumeClaim>,
+    at: &str,
+) -> Resize {
+    let Some(size) = requested(claim).filter(|_| wants_resize(claim)).cloned() else {
+        return Resize::Settled;
+    };
+    let Some(twin) = twin else {
+        return Resize::Refuse(format!(
+            "the twin claim {at} is gone, so the provider holds no data of this claim to grow; \
+             delete the claim and its pods and create them again"
+        ));
+    };
+    if phase(twin) != Some("Bound") {
+        return Resize::Refuse(format!(
+            "the twin claim {at} is not bound yet (the provider binds it once a pod of the claim \
+             runs there), and only a bound claim can grow; run a pod of the claim and the resize \
+             follows"
+        ));
+    }
+    let wanted = amount(Some(&size));
+    if amount(requested(twin)) < wanted {
+        return Resize::Ask { size };
+    }
+    match held(twin) {
+        Some(capacity) if amount(Some(capacity)) >= wanted => {
+            let volume = pv
+                .spec
+                .as_ref()
+                .and_then(|s| s.capacity.as_ref())
+                .and_then(|c| c.get("storage"));
+            Resize::Follow {
+                capacity: capacity.clone(),
+                grow_volume: amount(volume) < amount(Some(capacity)),
+            }
+        }
+        _ => Resize::Growing { size },
+    }
+}
+
+/// Whether the claim's status already says it is being resized to `size`.
+pub fn marked_resizing(claim: &PersistentVolumeClaim, size: &Quantity) -> bool {
+    let Some(status) = claim.status.as_ref() else {
+        return false;
+    };
+    let allocated = status
+        .allocated_resources
+        .as_ref()
+        .and_then(|r| r.get("storage"));
+    amount(allocated) == amount(Some(size))
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == RESIZING && c.status == "True")
+}
+
+/// The claim's conditions once a resize is over: those of the resize go, any other stays
+/// (`None`: none is left, and the list goes).
+pub fn settled_conditions(
+    claim: &PersistentVolumeClaim,
+) -> Option<Vec<k8s_openapi::api::core::v1::PersistentVolumeClaimCondition>> {
+    let kept: Vec<_> = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != RESIZING && c.type_ != "FileSystemResizePending")
+        .collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
+/// What a refused or failed request to grow the twin claim `at` to `size` tells the claim's
+/// user: the provider's answer (`code`, `message`), and what to do about it. `class` is the
+/// local claim's class, whose `providerStorageClass` parameter picks the provider's class.
+pub fn resize_failure(
+    provider: &ClusterId,
+    at: &str,
+    size: &str,
+    code: Option<u16>,
+    message: &str,
+    class: &str,
+) -> String {
+    match code {
+        Some(403) if message.contains("must support resize") => format!(
+            "provider {provider} refused to grow {at} to {size}: {message}; ask {provider}'s \
+             administrator to set allowVolumeExpansion: true on the twin claim's StorageClass \
+             there, or set parameter {} of class {class} to a class of {provider} that allows \
+             it (for new claims); retrying with backoff",
+            storage::PROVIDER_STORAGE_CLASS
+        ),
+        Some(403) => format!(
+            "provider {provider} refused to grow {at} to {size}: {message}; this cluster's \
+             identity there needs patch on persistentvolumeclaims in the twin namespace; \
+             retrying with backoff"
+        ),
+        Some(422) => format!(
+            "provider {provider} found the request to grow {at} to {size} invalid: {message}; \
+             retrying with backoff"
+        ),
+        _ => format!(
+            "growing {at} to {size} failed: {message}; retrying with backoff until provider \
+             {provider} answers"
+        ),
+    }
+}
+
+/// How long to wait before the next attempt after `failures` refusals in a row.
+pub fn retry_after(failures: u32) -> Duration {
+    let doubled = RETRY_FIRST.saturating_mul(1 << failures.saturating_sub(1).min(10));
+    doubled.min(RETRY_MAX)
+}
+
+/// What a provider's error says, without the client's wrapping.
+fn server_says(e: &Error) -> String {
+    match e {
+        Error::Kube {
+            source: kube::Error::Api(s),
+            ..
+        } => s.message.clone(),
+        other => other.to_string(),
+    }
+}
+
 /// What the provisioner works with.
 struct Vols {
     octx: Arc<OffCtx>,
@@ -309,6 +513,8 @@ struct Vols {
     /// The last Event published per object UID, so a claim that keeps waiting for the same
     /// reason is not told again at every look.
     told: Mutex<HashMap<String, String>>,
+    /// Refused resizes in a row per claim UID, for the backoff.
+    refusals: Mutex<HashMap<String, u32>>,
 }
 
 impl Vols {
@@ -318,6 +524,18 @@ impl Vols {
         obj: &K,
         type_: EventType,
         reason: &str,
+        note: String,
+    ) {
+        self.tell_as(obj, type_, reason, "Provisioning", note).await;
+    }
+
+    /// [`Vols::tell`] about `action` (`Provisioning`, `Resizing`).
+    async fn tell_as<K: Resource<DynamicType = ()>>(
+        &self,
+        obj: &K,
+        type_: EventType,
+        reason: &str,
+        action: &str,
         note: String,
     ) {
         let uid = obj.meta().uid.clone().unwrap_or_default();
@@ -333,7 +551,7 @@ impl Vols {
             type_,
             reason: reason.to_owned(),
             note: Some(note),
-            action: "Provisioning".to_owned(),
+            action: action.to_owned(),
             secondary: None,
         };
         if let Err(e) = self.recorder.publish(&event, &obj.object_ref(&())).await {
@@ -347,7 +565,20 @@ impl Vols {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .remove(uid);
+            self.refusals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(uid);
         }
+    }
+
+    /// Counts one more refusal of `claim`'s resize; returns when to try again.
+    fn refused(&self, claim: &PersistentVolumeClaim) -> Duration {
+        let uid = claim.metadata.uid.clone().unwrap_or_default();
+        let mut refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = refusals.entry(uid).or_default();
+        *n = n.saturating_add(1);
+        retry_after(*n)
     }
 }
 
@@ -365,6 +596,7 @@ pub async fn run(octx: Arc<OffCtx>, stop: CancellationToken) {
         octx,
         recorder,
         told: Mutex::default(),
+        refusals: Mutex::default(),
     });
     let claims = Controller::new(
         Api::<PersistentVolumeClaim>::all(client.clone()),
@@ -424,9 +656,16 @@ async fn provision_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Act
         .as_ref()
         .and_then(|s| s.volume_name.as_deref())
         .is_some_and(|v| !v.is_empty());
-    if bound || claim.metadata.deletion_timestamp.is_some() {
+    if claim.metadata.deletion_timestamp.is_some() {
         vols.forget(claim.metadata.uid.as_deref());
         return Ok(Action::await_change());
+    }
+    if bound {
+        if !wants_resize(claim) {
+            vols.forget(claim.metadata.uid.as_deref());
+            return Ok(Action::await_change());
+        }
+        return resize_one(claim, vols).await;
     }
     let Some(class_name) = claim
         .spec
@@ -565,6 +804,230 @@ async fn provision_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Act
         }
     }
     Ok(Action::await_change())
+}
+
+/// Carries a bound claim's resize one step on. The twin claim at the provider is asked first;
+/// nothing here changes until the provider has accepted, and the local volume and claim show
+/// the new size only once the twin claim has it.
+async fn resize_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Action, Error> {
+    let octx = &vols.octx;
+    let client = &octx.ctx.client;
+    let Some(pv_name) = claim.spec.as_ref().and_then(|s| s.volume_name.clone()) else {
+        return Ok(Action::await_change());
+    };
+    let pvs: Api<PersistentVolume> = Api::all(client.clone());
+    let pv = pvs
+        .get_opt(&pv_name)
+        .await
+        .map_err(Error::kube(format!("reading PersistentVolume {pv_name}")))?;
+    let Some(pv) = pv.filter(provisioned_here) else {
+        // Another provisioner's volume: its resizer's to grow.
+        return Ok(Action::await_change());
+    };
+    let failed = |why: String| async move {
+        vols.tell_as(
+            claim,
+            EventType::Warning,
+            "VolumeResizeFailed",
+            "Resizing",
+            why,
+        )
+        .await;
+        Ok::<Action, Error>(Action::requeue(vols.refused(claim)))
+    };
+    let handle = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone())
+        .unwrap_or_default();
+    let Some((provider, twin_ns, name)) = parse_handle(&handle) else {
+        return failed(format!(
+            "volume {pv_name} names no twin claim (handle {handle:?}), so there is nothing to grow; \
+             recreate the claim to have it provisioned again"
+        ))
+        .await;
+    };
+    let at = format!("claim {twin_ns}/{name} at {provider}");
+    let Some(access) = octx.providers.access(client, &provider).await? else {
+        return failed(format!(
+            "no identity issued by {provider}, which holds {at} (not peered any more?); peer again"
+        ))
+        .await;
+    };
+    let remote: Api<PersistentVolumeClaim> = Api::namespaced(access.client.clone(), &twin_ns);
+    let twin = match bounded(format!("reading {at}"), remote.get_opt(&name)).await {
+        Ok(t) => t.filter(|t| {
+            is_ours(&t.metadata, octx.ctx.cluster_id().as_str())
+                && t.annotations().get(ORIGIN_UID) == claim.metadata.uid.as_ref()
+        }),
+        Err(e) => {
+            return failed(format!(
+                "provider {provider} is unreachable or refused to show {at} ({}); retrying with backoff",
+                server_says(&e)
+            ))
+            .await;
+        }
+    };
+    let ns = claim.namespace().unwrap_or_default();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+    let claim_name = claim.name_any();
+    let mark = |size: Quantity| {
+        let asked = Asked {
+            provider: &provider,
+            at: &at,
+            volume: &pv_name,
+        };
+        mark_resizing(vols, &claims, claim, size, asked)
+    };
+    match resize(claim, &pv, twin.as_ref(), &at) {
+        Resize::Settled => Ok(Action::await_change()),
+        Resize::Refuse(why) => failed(why).await,
+        Resize::Ask { size } => {
+            let class_name = claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.storage_class_name.clone())
+                .unwrap_or_default();
+            let class = Api::<StorageClass>::all(client.clone())
+                .get_opt(&class_name)
+                .await
+                .map_err(Error::kube(format!("reading StorageClass {class_name}")))?;
+            let Some(class) = class else {
+                return failed(format!(
+                    "class {class_name} is gone, and the twin claim is written from it; create it again"
+                ))
+                .await;
+            };
+            // The whole twin again, with the field manager that wrote it: an apply that left
+            // out fields it owns would remove them, and a bound claim's spec may not change.
+            let wanted = remote_claim(claim, &class, octx.ctx.cluster_id());
+            let written = bounded(
+                format!("growing {at}"),
+                remote.patch(
+                    &name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(&wanted),
+                ),
+            )
+            .await;
+            if let Err(e) = written {
+                octx.ctx.metrics.reflected("PersistentVolumeClaim", "error");
+                let why = resize_failure(
+                    &provider,
+                    &at,
+                    &size.0,
+                    e.api_status(),
+                    &server_says(&e),
+                    &class_name,
+                );
+                return failed(why).await;
+            }
+            octx.ctx
+                .metrics
+                .reflected("PersistentVolumeClaim", "applied");
+            tracing::info!(namespace = %ns, claim = %claim_name, %provider, size = %size.0, "asked the provider to grow the twin claim");
+            mark(size).await?;
+            Ok(Action::requeue(GROWING))
+        }
+        Resize::Growing { size } => {
+            mark(size).await?;
+            Ok(Action::requeue(GROWING))
+        }
+        Resize::Follow {
+            capacity,
+            grow_volume,
+        } => {
+            if grow_volume {
+                let grown = serde_json::json!({"spec": {"capacity": {"storage": capacity}}});
+                pvs.patch(&pv_name, &PatchParams::default(), &Patch::Merge(&grown))
+                    .await
+                    .map_err(Error::kube(format!("growing PersistentVolume {pv_name}")))?;
+            }
+            let done = serde_json::json!({"status": {
+                "capacity": {"storage": capacity},
+                "allocatedResources": {"storage": capacity},
+                "allocatedResourceStatuses": null,
+                "conditions": settled_conditions(claim),
+            }});
+            claims
+                .patch_status(&claim_name, &PatchParams::default(), &Patch::Merge(&done))
+                .await
+                .map_err(Error::kube(format!(
+                    "recording the capacity of claim {ns}/{claim_name}"
+                )))?;
+            tracing::info!(namespace = %ns, claim = %claim_name, volume = %pv_name, capacity = %capacity.0, "claim resized");
+            vols.tell_as(
+                claim,
+                EventType::Normal,
+                "VolumeResizeSuccessful",
+                "Resizing",
+                format!(
+                    "Resize volume succeeded: {at} and volume {pv_name} have {}",
+                    capacity.0
+                ),
+            )
+            .await;
+            vols.refusals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(claim.metadata.uid.as_deref().unwrap_or_default());
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// Who was asked to grow what, for what a resizing claim says.
+struct Asked<'a> {
+    provider: &'a ClusterId,
+    at: &'a str,
+    volume: &'a str,
+}
+
+/// Marks `claim` as being resized to `size` (allocation, in-progress status, condition
+/// `Resizing`) and says so in an Event, unless its status already does.
+async fn mark_resizing(
+    vols: &Vols,
+    claims: &Api<PersistentVolumeClaim>,
+    claim: &PersistentVolumeClaim,
+    size: Quantity,
+    asked: Asked<'_>,
+) -> Result<(), Error> {
+    if marked_resizing(claim, &size) {
+        return Ok(());
+    }
+    let Asked {
+        provider,
+        at,
+        volume,
+    } = asked;
+    let status = serde_json::json!({"status": {
+        "allocatedResources": {"storage": size},
+        "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+        "conditions": [{
+            "type": RESIZING,
+            "status": "True",
+            "lastTransitionTime": Time(k8s_openapi::jiff::Timestamp::now()),
+            "message": format!("waiting for provider {provider} to grow {at} to {}", size.0),
+        }],
+    }});
+    let name = claim.name_any();
+    claims
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(Error::kube(format!("marking claim {name} as resizing")))?;
+    vols.tell_as(
+        claim,
+        EventType::Normal,
+        "Resizing",
+        "Resizing",
+        format!(
+            "External resizer is resizing volume {volume}: asked provider {provider} to grow {at} to {}",
+            size.0
+        ),
+    )
+    .await;
+    Ok(())
 }
 
 async fn reclaim(pv: Arc<PersistentVolume>, vols: Arc<Vols>) -> Result<Action, Error> {
@@ -995,6 +1458,171 @@ mod tests {
             super::super::shadow_pods::forbidden(&shadow),
             Vec::<String>::new()
         );
+    }
+
+    fn bound(request: &str, capacity: &str) -> PersistentVolumeClaim {
+        let mut c = claim();
+        let spec = c.spec.as_mut().expect("spec");
+        spec.volume_name = Some("pvc-u-1".to_owned());
+        spec.resources = Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(request.to_owned()),
+            )])),
+            limits: None,
+        });
+        c.status = Some(k8s_openapi::api::core::v1::PersistentVolumeClaimStatus {
+            phase: Some("Bound".to_owned()),
+            capacity: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(capacity.to_owned()),
+            )])),
+            ..Default::default()
+        });
+        c
+    }
+
+    fn pv_of(capacity: &str) -> PersistentVolume {
+        let mut pv = local_volume(
+            &claim(),
+            &class(None, None),
+            "beta",
+            &id("beta"),
+            "shop-alpha",
+        )
+        .expect("a volume");
+        pv.spec.as_mut().expect("spec").capacity = Some(BTreeMap::from([(
+            "storage".to_owned(),
+            Quantity(capacity.to_owned()),
+        )]));
+        pv
+    }
+
+    const AT: &str = "claim shop-alpha/data at beta";
+
+    #[test]
+    fn a_resize_asks_the_provider_first_and_follows_the_twin_once_it_has_grown() {
+        let local = bound("2Gi", "1Gi");
+        assert!(wants_resize(&local));
+        let q = |s: &str| Quantity(s.to_owned());
+        assert_eq!(
+            resize(&local, &pv_of("1Gi"), Some(&bound("1Gi", "1Gi")), AT),
+            Resize::Ask { size: q("2Gi") }
+        );
+        assert_eq!(
+            resize(&local, &pv_of("1Gi"), Some(&bound("2Gi", "1Gi")), AT),
+            Resize::Growing { size: q("2Gi") }
+        );
+        assert_eq!(
+            resize(&local, &pv_of("1Gi"), Some(&bound("2Gi", "2Gi")), AT),
+            Resize::Follow {
+                capacity: q("2Gi"),
+                grow_volume: true
+            }
+        );
+        // A provider that rounds up gives more than asked, and that is what is recorded.
+        assert_eq!(
+            resize(&local, &pv_of("2Gi"), Some(&bound("2Gi", "3Gi")), AT),
+            Resize::Follow {
+                capacity: q("3Gi"),
+                grow_volume: true
+            }
+        );
+        // The volume already grew (the claim's status write failed last time): the claim only.
+        assert_eq!(
+            resize(&local, &pv_of("2Gi"), Some(&bound("2Gi", "2Gi")), AT),
+            Resize::Follow {
+                capacity: q("2Gi"),
+                grow_volume: false
+            }
+        );
+        // Settled, also when the same size is written another way.
+        for settled in [bound("2Gi", "2Gi"), bound("2048Mi", "2Gi")] {
+            assert!(!wants_resize(&settled));
+            assert_eq!(
+                resize(&settled, &pv_of("2Gi"), Some(&bound("2Gi", "2Gi")), AT),
+                Resize::Settled
+            );
+        }
+        let mut pending = bound("2Gi", "1Gi");
+        pending.status.as_mut().expect("status").phase = Some("Pending".to_owned());
+        assert!(!wants_resize(&pending), "only bound claims are resized");
+    }
+
+    #[test]
+    fn a_resize_without_a_bound_twin_is_refused_with_what_to_do() {
+        let local = bound("2Gi", "1Gi");
+        let Resize::Refuse(why) = resize(&local, &pv_of("1Gi"), None, AT) else {
+            panic!("no twin");
+        };
+        assert!(
+            why.contains(AT) && why.contains("create them again"),
+            "{why}"
+        );
+        let mut unbound = bound("1Gi", "1Gi");
+        unbound.status = None;
+        let Resize::Refuse(why) = resize(&local, &pv_of("1Gi"), Some(&unbound), AT) else {
+            panic!("an unbound twin");
+        };
+        assert!(
+            why.contains("not bound yet") && why.contains("run a pod"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_claim_is_marked_resizing_once_and_the_marks_go_when_it_is_done() {
+        let size = Quantity("2Gi".to_owned());
+        let mut c = bound("2Gi", "1Gi");
+        assert!(!marked_resizing(&c, &size));
+        let status = c.status.as_mut().expect("status");
+        status.allocated_resources = Some(BTreeMap::from([(
+            "storage".to_owned(),
+            Quantity("2048Mi".to_owned()),
+        )]));
+        let condition = |type_: &str| k8s_openapi::api::core::v1::PersistentVolumeClaimCondition {
+            type_: type_.to_owned(),
+            status: "True".to_owned(),
+            ..Default::default()
+        };
+        status.conditions = Some(vec![condition(RESIZING)]);
+        assert!(marked_resizing(&c, &size));
+        assert!(
+            !marked_resizing(&c, &Quantity("3Gi".to_owned())),
+            "a newer size"
+        );
+        assert_eq!(settled_conditions(&c), None);
+        c.status.as_mut().expect("status").conditions =
+            Some(vec![condition(RESIZING), condition("ModifyingVolume")]);
+        assert_eq!(
+            settled_conditions(&c),
+            Some(vec![condition("ModifyingVolume")])
+        );
+    }
+
+    #[test]
+    fn refused_resizes_say_why_and_what_to_do_and_back_off() {
+        let upstream = "persistentvolumeclaims \"data\" is forbidden: only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize";
+        let why = resize_failure(&id("beta"), AT, "2Gi", Some(403), upstream, "tether");
+        assert!(
+            why.contains(upstream)
+                && why.contains("allowVolumeExpansion: true")
+                && why.contains("providerStorageClass")
+                && why.contains("retrying"),
+            "{why}"
+        );
+        let why = resize_failure(&id("beta"), AT, "2Gi", Some(403), "denied", "tether");
+        assert!(
+            why.contains("needs patch on persistentvolumeclaims"),
+            "{why}"
+        );
+        let why = resize_failure(&id("beta"), AT, "2Gi", None, "timed out", "tether");
+        assert!(why.contains("until provider beta answers"), "{why}");
+        assert_eq!(retry_after(1), Duration::from_secs(5));
+        assert_eq!(retry_after(2), Duration::from_secs(10));
+        assert_eq!(retry_after(4), Duration::from_secs(40));
+        assert_eq!(retry_after(7), Duration::from_secs(300));
+        assert_eq!(retry_after(u32::MAX), Duration::from_secs(300));
     }
 
     #[test]

@@ -56,6 +56,10 @@ pub const ANN_PROVISIONED_BY: &str = "pv.kubernetes.io/provisioned-by";
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// The controller's name in events, as kube-controller-manager reports it.
 pub const CONTROLLER_NAME: &str = "persistentvolume-controller";
+/// The name the resizer's events carry, as an external-resizer of this driver reports it.
+pub const RESIZER_NAME: &str = "external-resizer simkube.dev/host-path";
+/// The claim condition while a volume is being expanded.
+pub const RESIZING: &str = "Resizing";
 
 /// How often the whole state is examined again even when nothing changed.
 const RESYNC: Duration = Duration::from_secs(5);
@@ -121,6 +125,43 @@ pub fn admit_claim<'a>(claim: &mut Value, classes: impl IntoIterator<Item = &'a 
     if let Some(name) = default_class_name(classes) {
         claim["spec"]["storageClassName"] = json!(name);
     }
+}
+
+/// Why kube-apiserver's PersistentVolumeClaimResize admission refuses an update of `old` into
+/// `new` (claims as JSON, as admission sees them), if it does: a larger storage request needs a
+/// bound claim whose class, the same before and after, exists and sets
+/// `allowVolumeExpansion: true`. `class` looks a StorageClass up by name.
+pub fn resize_refusal(
+    old: &Value,
+    new: &Value,
+    class: impl Fn(&str) -> Option<Value>,
+) -> Option<&'static str> {
+    let storage = |c: &Value| {
+        c["spec"]["resources"]["requests"]["storage"]
+            .as_str()
+            .and_then(parse_quantity)
+            .unwrap_or(0)
+    };
+    if storage(new) <= storage(old) {
+        return None;
+    }
+    if old["status"]["phase"].as_str() != Some("Bound") {
+        return Some("Only bound persistent volume claims can be expanded");
+    }
+    let class_of = |c: &Value| {
+        c["metadata"]["annotations"][ANN_CLAIM_CLASS_BETA]
+            .as_str()
+            .or_else(|| c["spec"]["storageClassName"].as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let name = class_of(new);
+    let allowed = !name.is_empty()
+        && name == class_of(old)
+        && class(&name).is_some_and(|c| c["allowVolumeExpansion"].as_bool() == Some(true));
+    (!allowed).then_some(
+        "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+    )
 }
 
 /// The claim's class name (`""`: none).
@@ -361,6 +402,22 @@ pub enum Action {
         /// Its directory (only ever under the volumes directory).
         dir: Option<PathBuf>,
     },
+    /// Expand a bound volume this controller provisioned to its claim's request, as an
+    /// external-resizer does for a volume that needs no node expansion: the claim's
+    /// `allocatedResources` and `Resizing` condition, the volume's capacity, then the claim's
+    /// capacity, each step only once the one before it is written.
+    Expand {
+        /// The claim's namespace.
+        namespace: String,
+        /// The claim.
+        claim: String,
+        /// The volume.
+        volume: String,
+        /// The new size, as the claim requests it.
+        size: String,
+        /// Whether the volume's capacity is still below it.
+        grow_volume: bool,
+    },
     /// Record an event.
     Event {
         /// What it is about.
@@ -516,6 +573,7 @@ pub fn plan(view: &View<'_>) -> Vec<Action> {
             continue;
         }
         bind(volume, claim, &named, &mut out);
+        expand(volume, claim, &mut out);
     }
     let volumes_by_name: BTreeMap<String, &Arc<PersistentVolume>> =
         volumes.iter().map(|v| (v.name_any(), *v)).collect();
@@ -717,17 +775,62 @@ fn bind(
     }
     let status = claim.status.clone().unwrap_or_default();
     let vspec = volume.spec.clone().unwrap_or_default();
-    if status.phase.as_deref() != Some("Bound")
-        || status.capacity != vspec.capacity
-        || status.access_modes != vspec.access_modes
-    {
+    let becoming_bound = status.phase.as_deref() != Some("Bound");
+    if becoming_bound || status.access_modes != vspec.access_modes {
+        // A bound claim's capacity is the resizer's to move: the binder sets it only as the
+        // claim becomes Bound, as upstream's does.
+        let mut shown = (**volume).clone();
+        if !becoming_bound && let Some(spec) = shown.spec.as_mut() {
+            spec.capacity.clone_from(&status.capacity);
+        }
         out.push(Action::ClaimStatus {
             namespace,
             claim: claim_name,
             phase: "Bound",
-            volume: Some(volume.clone()),
+            volume: Some(Arc::new(shown)),
         });
     }
+}
+
+/// The storage a bound claim has, by its `status.capacity`.
+pub fn claim_capacity(claim: &PersistentVolumeClaim) -> i128 {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(|q| parse_quantity(&q.0))
+        .unwrap_or(0)
+}
+
+/// A bound claim of a volume provisioned here that asks for more than it has is expanded: the
+/// host-path provisioner is its own resizer, and a directory needs no node expansion.
+fn expand(volume: &PersistentVolume, claim: &PersistentVolumeClaim, out: &mut Vec<Action>) {
+    if annotation(&volume.metadata, ANN_PROVISIONED_BY) != Some(HOST_PATH_PROVISIONER)
+        || claim_phase(claim) != "Bound"
+        || claim.metadata.deletion_timestamp.is_some()
+        || claim_request(claim) <= claim_capacity(claim)
+    {
+        return;
+    }
+    let Some(size) = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+    else {
+        return;
+    };
+    let (namespace, name) = key_of(claim);
+    out.push(Action::Expand {
+        namespace,
+        claim: name,
+        volume: volume.name_any(),
+        size,
+        grow_volume: volume_capacity(volume) < claim_request(claim),
+    });
 }
 
 fn pending(claim: &PersistentVolumeClaim, out: &mut Vec<Action>) {
@@ -803,8 +906,10 @@ pub async fn run(client: Client, volumes_dir: PathBuf, shutdown: CancellationTok
     let mut changes = std::pin::pin!(changes);
     let mut controller = Controller {
         recorder: recorder(client.clone(), CONTROLLER_NAME),
+        resizer: recorder(client.clone(), RESIZER_NAME),
         client,
         evented: HashSet::new(),
+        expanded: HashSet::new(),
     };
     loop {
         tokio::select! {
@@ -830,8 +935,13 @@ pub async fn run(client: Client, volumes_dir: PathBuf, shutdown: CancellationTok
 struct Controller {
     client: Client,
     recorder: Recorder,
+    /// Events of the resizer, under its own name.
+    resizer: Recorder,
     /// Events already recorded (subject, reason, message), so a resync does not repeat them.
     evented: HashSet<String>,
+    /// Expansions carried out (claim uid, size): a pass over a cache that has not seen the
+    /// last one yet must not start it again.
+    expanded: HashSet<String>,
 }
 
 impl Controller {
@@ -968,6 +1078,32 @@ impl Controller {
                     Err(e) => return Err(e),
                 }
             }
+            Action::Expand {
+                namespace,
+                claim,
+                volume,
+                size,
+                grow_volume,
+            } => {
+                let uid = claims
+                    .get(&(namespace.clone(), claim.clone()))
+                    .and_then(|c| c.metadata.uid.clone())
+                    .unwrap_or_default();
+                let done = format!("{uid}/{size}");
+                if !self.expanded.contains(&done) {
+                    self.expand(
+                        &namespace,
+                        &claim,
+                        &volume,
+                        &size,
+                        grow_volume,
+                        claims,
+                        volumes,
+                    )
+                    .await?;
+                    self.expanded.insert(done);
+                }
+            }
             Action::Event {
                 subject,
                 warning,
@@ -981,12 +1117,130 @@ impl Controller {
         Ok(())
     }
 
+    /// Carries an [`Action::Expand`] out, stopping at the first step that fails so that the
+    /// next pass starts again from what was written.
+    #[allow(clippy::too_many_arguments)]
+    async fn expand(
+        &mut self,
+        namespace: &str,
+        claim: &str,
+        volume: &str,
+        size: &str,
+        grow_volume: bool,
+        claims: &BTreeMap<(String, String), &Arc<PersistentVolumeClaim>>,
+        volumes: &BTreeMap<String, &Arc<PersistentVolume>>,
+    ) -> Result<(), kube::Error> {
+        let pp = PatchParams::default();
+        let api = Api::<PersistentVolumeClaim>::namespaced(self.client.clone(), namespace);
+        let subject = Subject::Claim(namespace.to_owned(), claim.to_owned());
+        let started = json!({"status": {
+            "allocatedResources": {"storage": size},
+            "allocatedResourceStatuses": {"storage": "ControllerResizeInProgress"},
+            "conditions": [{
+                "type": RESIZING,
+                "status": "True",
+                "lastProbeTime": null,
+                "lastTransitionTime": crate::timefmt::now_rfc3339(),
+            }],
+        }});
+        api.patch_status(claim, &pp, &Patch::Merge(&started))
+            .await?;
+        let resizing = format!("External resizer is resizing volume {volume}");
+        self.resizer_event(&subject, false, "Resizing", resizing, claims, volumes)
+            .await;
+        if grow_volume {
+            let grown = json!({"spec": {"capacity": {"storage": size}}});
+            if let Err(e) = Api::<PersistentVolume>::all(self.client.clone())
+                .patch(volume, &pp, &Patch::Merge(&grown))
+                .await
+            {
+                let failed = format!("resize volume {volume} failed: {e}");
+                self.resizer_event(
+                    &subject,
+                    true,
+                    "VolumeResizeFailed",
+                    failed,
+                    claims,
+                    volumes,
+                )
+                .await;
+                return Err(e);
+            }
+        }
+        let finished = json!({"status": {
+            "capacity": {"storage": size},
+            "conditions": null,
+            "allocatedResourceStatuses": null,
+        }});
+        api.patch_status(claim, &pp, &Patch::Merge(&finished))
+            .await?;
+        tracing::info!(%namespace, %claim, %volume, %size, "expanded a host-path volume");
+        let done = "Resize volume succeeded".to_owned();
+        self.resizer_event(
+            &subject,
+            false,
+            "VolumeResizeSuccessful",
+            done,
+            claims,
+            volumes,
+        )
+        .await;
+        Ok(())
+    }
+
+    async fn resizer_event(
+        &mut self,
+        subject: &Subject,
+        warning: bool,
+        reason: &str,
+        message: String,
+        claims: &BTreeMap<(String, String), &Arc<PersistentVolumeClaim>>,
+        volumes: &BTreeMap<String, &Arc<PersistentVolume>>,
+    ) {
+        // Not deduplicated like the binder's: `expanded` already keeps a resize from repeating,
+        // and a later resize of the same claim says the same words again.
+        let recorder = self.resizer.clone();
+        let dedup = false;
+        self.publish(
+            &recorder,
+            subject.clone(),
+            warning,
+            reason,
+            "Resizing",
+            message,
+            dedup,
+            claims,
+            volumes,
+        )
+        .await;
+    }
+
     async fn event(
         &mut self,
         subject: Subject,
         warning: bool,
         reason: &str,
         message: String,
+        claims: &BTreeMap<(String, String), &Arc<PersistentVolumeClaim>>,
+        volumes: &BTreeMap<String, &Arc<PersistentVolume>>,
+    ) {
+        let recorder = self.recorder.clone();
+        self.publish(
+            &recorder, subject, warning, reason, "Binding", message, true, claims, volumes,
+        )
+        .await;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn publish(
+        &mut self,
+        recorder: &Recorder,
+        subject: Subject,
+        warning: bool,
+        reason: &str,
+        action: &str,
+        message: String,
+        dedup: bool,
         claims: &BTreeMap<(String, String), &Arc<PersistentVolumeClaim>>,
         volumes: &BTreeMap<String, &Arc<PersistentVolume>>,
     ) {
@@ -1002,7 +1256,7 @@ impl Controller {
             return;
         };
         let key = format!("{}/{reason}/{message}", uid.unwrap_or_default());
-        if !self.evented.insert(key) {
+        if dedup && !self.evented.insert(key) {
             return;
         }
         let event = Event {
@@ -1013,10 +1267,10 @@ impl Controller {
             },
             reason: reason.into(),
             note: Some(message),
-            action: "Binding".into(),
+            action: action.into(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, &object).await {
+        if let Err(error) = recorder.publish(&event, &object).await {
             tracing::debug!(%error, "cannot record a persistent volume event");
         }
     }

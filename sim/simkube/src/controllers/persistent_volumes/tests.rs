@@ -360,3 +360,106 @@ fn default_storage_class_admission_fills_only_unnamed_classes() {
         Some(DEFAULT_CLASS)
     );
 }
+
+fn bound_pair(request: &str, capacity: &str, pv_capacity: &str, provisioner: &str) -> Vec<Action> {
+    let data = claim(
+        "data",
+        "fast",
+        json!({"spec": {"volumeName": "pv-1", "resources": {"requests": {"storage": request}}},
+            "metadata": {"annotations": {ANN_BIND_COMPLETED: "yes"}},
+            "status": {"phase": "Bound", "capacity": {"storage": capacity},
+                "accessModes": ["ReadWriteOnce"]}}),
+    );
+    let pv = volume(
+        "pv-1",
+        pv_capacity,
+        json!({"metadata": {"annotations": {ANN_PROVISIONED_BY: provisioner}},
+            "spec": {"storageClassName": "fast",
+            "claimRef": {"namespace": "default", "name": "data", "uid": "uid-data"}},
+            "status": {"phase": "Bound"}}),
+    );
+    plan_of(&[data], &[pv])
+}
+
+#[test]
+fn a_bound_claim_asking_for_more_than_it_has_is_expanded_by_its_provisioner() {
+    assert_eq!(
+        bound_pair("2Gi", "1Gi", "1Gi", HOST_PATH_PROVISIONER),
+        [Action::Expand {
+            namespace: "default".into(),
+            claim: "data".into(),
+            volume: "pv-1".into(),
+            size: "2Gi".into(),
+            grow_volume: true,
+        }]
+    );
+    // The volume grew but the claim was not told yet: only the claim's side is left.
+    assert_eq!(
+        bound_pair("2Gi", "1Gi", "2Gi", HOST_PATH_PROVISIONER),
+        [Action::Expand {
+            namespace: "default".into(),
+            claim: "data".into(),
+            volume: "pv-1".into(),
+            size: "2Gi".into(),
+            grow_volume: false,
+        }]
+    );
+    // Done, or the same size in other words: nothing to do.
+    assert_eq!(bound_pair("2Gi", "2Gi", "2Gi", HOST_PATH_PROVISIONER), []);
+    assert_eq!(
+        bound_pair("1024Mi", "1Gi", "1Gi", HOST_PATH_PROVISIONER),
+        []
+    );
+    // Another provisioner's volume is its resizer's, and the binder leaves the claim's
+    // capacity alone even where the volume already shows more.
+    assert_eq!(bound_pair("2Gi", "1Gi", "2Gi", "example.com/remote"), []);
+}
+
+#[test]
+fn resize_admission_wants_a_bound_claim_of_a_class_that_allows_expansion() {
+    let claim = |request: &str, class: &str, phase: &str| {
+        json!({"metadata": {"name": "data"},
+            "spec": {"storageClassName": class, "resources": {"requests": {"storage": request}}},
+            "status": {"phase": phase}})
+    };
+    let classes = |name: &str| match name {
+        "growing" => Some(json!({"metadata": {"name": name}, "allowVolumeExpansion": true})),
+        "fixed" => Some(json!({"metadata": {"name": name}, "allowVolumeExpansion": false})),
+        "unsaid" => Some(json!({"metadata": {"name": name}})),
+        _ => None,
+    };
+    let old = claim("1Gi", "growing", "Bound");
+    assert_eq!(
+        resize_refusal(&old, &claim("2Gi", "growing", "Bound"), classes),
+        None
+    );
+    assert_eq!(
+        resize_refusal(&old, &claim("1024Mi", "growing", "Bound"), classes),
+        None,
+        "no growth"
+    );
+    let refused = Some(
+        "only dynamically provisioned pvc can be resized and the storageclass that provisions the pvc must support resize",
+    );
+    for class in ["fixed", "unsaid", "gone"] {
+        let old = claim("1Gi", class, "Bound");
+        assert_eq!(
+            resize_refusal(&old, &claim("2Gi", class, "Bound"), classes),
+            refused,
+            "{class}"
+        );
+    }
+    assert_eq!(
+        resize_refusal(&old, &claim("2Gi", "fixed", "Bound"), classes),
+        refused,
+        "a class change"
+    );
+    assert_eq!(
+        resize_refusal(
+            &claim("1Gi", "growing", "Pending"),
+            &claim("2Gi", "growing", "Pending"),
+            classes
+        ),
+        Some("Only bound persistent volume claims can be expanded")
+    );
+}

@@ -297,6 +297,17 @@ pub(super) fn admit_update(
             return Err(service_invalid(new, &errors));
         }
     }
+    if rt.group.is_empty() && rt.plural == "persistentvolumeclaims" {
+        let classes = TypeKey::new("storage.k8s.io", "storageclasses");
+        let class = |name: &str| txn.get(&classes, "", name).map(|c| (*c).clone());
+        if let Some(why) = crate::controllers::persistent_volumes::resize_refusal(old, new, class) {
+            let name = new["metadata"]["name"].as_str().unwrap_or_default();
+            return Err(ApiError::forbidden(format!(
+                "persistentvolumeclaims {name:?} is forbidden: {why}"
+            ))
+            .with_details("", "persistentvolumeclaims", name));
+        }
+    }
     if rt.group == webhooks::GROUP
         && matches!(
             rt.plural.as_str(),
