@@ -227,6 +227,10 @@ pub struct ShadowPodStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// The real pod's status as the provider reports it (addresses in the provider's view).
+    // Written whole by the provider, and atomic for the managed fields as `spec.pod` is: the
+    // provider's entry names `pod` once instead of every field of it, and each status report
+    // the consumer's watch carries across the link is that much smaller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(extend("x-kubernetes-map-type" = "atomic"))]
     pub pod: Option<k8s_openapi::api::core::v1::PodStatus>,
 }

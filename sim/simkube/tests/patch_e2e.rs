@@ -654,3 +654,60 @@ async fn an_atomic_object_of_a_crd_is_owned_and_replaced_whole_by_apply() {
         json!({"f:spec": {"f:owner": {}}})
     );
 }
+
+/// A write of the status subresource (an Update) records an atomic object of the CRD's
+/// status under its writer as one field, as it does for apply: upstream's field sets follow
+/// the schema whatever the operation.
+#[tokio::test]
+async fn a_status_update_owns_an_atomic_object_of_a_crd_whole() {
+    let c = cluster().await;
+    let client = c.client();
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {"owner": {"type": "string"}}},
+        "status": {"type": "object", "properties": {
+            "phase": {"type": "string"},
+            "pod": {"type": "object", "x-kubernetes-map-type": "atomic", "properties": {
+                "phase": {"type": "string"},
+                "conditions": {"type": "array", "items": {"type": "object", "properties": {
+                    "type": {"type": "string"}, "status": {"type": "string"}}}}}}
+        }}
+    }});
+    let api = example_crd(&client, "Mirror", "mirrors", schema, true).await;
+    let created = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": "example.com/v1", "kind": "Mirror",
+                "metadata": {"name": "m"}, "spec": {"owner": "a"}}))
+            .expect("object"),
+        )
+        .await
+        .expect("create");
+    let mut next = created.clone();
+    next.data["status"] = json!({"phase": "Running", "pod": {"phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}]}});
+    let written = api
+        .replace_status(
+            "m",
+            &PostParams {
+                field_manager: Some("reporter".into()),
+                ..PostParams::default()
+            },
+            &next,
+        )
+        .await
+        .expect("status write");
+    let reporter = written
+        .metadata
+        .managed_fields
+        .as_ref()
+        .expect("managedFields")
+        .iter()
+        .find(|e| e.manager.as_deref() == Some("reporter"))
+        .expect("the status writer has an entry");
+    assert_eq!(reporter.operation.as_deref(), Some("Update"));
+    assert_eq!(reporter.subresource.as_deref(), Some("status"));
+    assert_eq!(
+        reporter.fields_v1.as_ref().expect("fieldsV1").0,
+        json!({"f:status": {".": {}, "f:phase": {}, "f:pod": {}}})
+    );
+}
