@@ -647,6 +647,25 @@ async fn bounded<T>(
     }
 }
 
+/// Applies `wanted` as the twin claim at the provider (`remote`), with this provisioner's
+/// field manager, forced: the twin is this provisioner's alone.
+async fn apply_twin(
+    remote: &Api<PersistentVolumeClaim>,
+    wanted: &PersistentVolumeClaim,
+    what: String,
+) -> Result<PersistentVolumeClaim, Error> {
+    let name = wanted.name_any();
+    bounded(
+        what,
+        remote.patch(
+            &name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(wanted),
+        ),
+    )
+    .await
+}
+
 async fn provision_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Action, Error> {
     let octx = &vols.octx;
     let client = &octx.ctx.client;
@@ -757,15 +776,7 @@ async fn provision_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Act
         Some(_) => {}
         None => {
             let wanted = remote_claim(claim, &class, consumer);
-            let written = bounded(
-                format!("writing {at}"),
-                remote.patch(
-                    &name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(&wanted),
-                ),
-            )
-            .await;
+            let written = apply_twin(&remote, &wanted, format!("writing {at}")).await;
             if let Err(e) = written {
                 metrics.reflected("PersistentVolumeClaim", "error");
                 return waiting(format!(
@@ -902,15 +913,7 @@ async fn resize_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Action
             // The whole twin again, with the field manager that wrote it: an apply that left
             // out fields it owns would remove them, and a bound claim's spec may not change.
             let wanted = remote_claim(claim, &class, octx.ctx.cluster_id());
-            let written = bounded(
-                format!("growing {at}"),
-                remote.patch(
-                    &name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(&wanted),
-                ),
-            )
-            .await;
+            let written = apply_twin(&remote, &wanted, format!("growing {at}")).await;
             if let Err(e) = written {
                 octx.ctx.metrics.reflected("PersistentVolumeClaim", "error");
                 let why = resize_failure(
