@@ -148,6 +148,15 @@ pub fn volume_handle(provider: &ClusterId, twin: &str, name: &str) -> String {
     format!("{provider}/{twin}/{name}")
 }
 
+/// The CSI volume handle of `pv` (empty: none), which names its twin claim.
+fn handle_of(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.csi.as_ref())
+        .map(|c| c.volume_handle.clone())
+        .unwrap_or_default()
+}
+
 /// The provider, twin namespace and claim name a volume handle names.
 pub fn parse_handle(handle: &str) -> Option<(ClusterId, String, String)> {
     let mut parts = handle.splitn(3, '/');
@@ -846,12 +855,7 @@ async fn resize_one(claim: &PersistentVolumeClaim, vols: &Vols) -> Result<Action
         .await;
         Ok::<Action, Error>(Action::requeue(vols.refused(claim)))
     };
-    let handle = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .map(|c| c.volume_handle.clone())
-        .unwrap_or_default();
+    let handle = handle_of(&pv);
     let Some((provider, twin_ns, name)) = parse_handle(&handle) else {
         return failed(format!(
             "volume {pv_name} names no twin claim (handle {handle:?}), so there is nothing to grow; \
@@ -1053,12 +1057,7 @@ async fn reclaim_one(pv: &PersistentVolume, vols: &Vols) -> Result<Action, Error
     let octx = &vols.octx;
     let client = &octx.ctx.client;
     let name = pv.name_any();
-    let handle = pv
-        .spec
-        .as_ref()
-        .and_then(|s| s.csi.as_ref())
-        .map(|c| c.volume_handle.clone())
-        .unwrap_or_default();
+    let handle = handle_of(pv);
     let metrics = &octx.ctx.metrics;
     if let Some((provider, twin, claim)) = parse_handle(&handle) {
         match octx.providers.access(client, &provider).await? {
