@@ -49,8 +49,8 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::runtime::Runtime;
 
 use common::measure::{
-    NftCounters, api_requests, cpu_by_group, cpu_ticks, machine_ticks, memory_kib, pod_netns,
-    tetherd_controller, top_increases,
+    Counted, NftCounters, api_requests, cpu_by_group, cpu_ticks, machine_ticks, memory_kib,
+    pod_netns, tetherd_controller, top_increases,
 };
 use common::{Bench, Cluster, Result, arg, kubectl, path};
 
@@ -441,6 +441,8 @@ struct Row {
     rss_ready_kib: (u64, u64),
     rss_idle_kib: (u64, u64),
     burst_controller_bytes: u64,
+    /// The controller's burst traffic by direction: to the provider, from it.
+    burst_directions: [Counted; 2],
     burst_underlay_bytes: u64,
     burst_provider_requests: Vec<(String, u64)>,
     burst_consumer_requests: Vec<(String, u64)>,
@@ -721,12 +723,12 @@ fn run() -> Result {
 
         quiet("before the offloaded burst", QUIET_LIMIT)?;
         provider_pods.with(Seen::forget);
-        let (b0, u0) = (meters.controller.read()?, meters.underlay.read()?);
+        let (d0, u0) = (meters.controller.by_match()?, meters.underlay.read()?);
         let (req0, creq0) = (api_requests(&provider)?, api_requests(&consumer)?);
         let mark = CpuMark::now(&tags)?;
         let (t0, took) = burst(&rt, &cc, &consumer_pods, &name, n, "offloaded")?;
         let offloaded_cpu = mark.since(&tags)?;
-        let (b1, u1) = (meters.controller.read()?, meters.underlay.read()?);
+        let (d1, u1) = (meters.controller.by_match()?, meters.underlay.read()?);
         let (req1, creq1) = (api_requests(&provider)?, api_requests(&consumer)?);
         let rss_ready = memory_kib(meters.pid()?)?;
         let (remote_created, remote_ready) =
@@ -802,7 +804,8 @@ fn run() -> Result {
             frozen,
             rss_ready_kib: rss_ready,
             rss_idle_kib: rss_idle,
-            burst_controller_bytes: b1 - b0,
+            burst_controller_bytes: (0..2).map(|i| (d1[i] - d0[i]).bytes).sum(),
+            burst_directions: [d1[0] - d0[0], d1[1] - d0[1]],
             burst_underlay_bytes: u1 - u0,
             burst_provider_requests: top_increases(&req0, &req1, 8),
             burst_consumer_requests: top_increases(&creq0, &creq1, 10),
@@ -920,6 +923,18 @@ fn report(nodes: u8, cores: &Cores, idle0: &Idle, rss0: (u64, u64), rows: &[Row]
             kbit_s(r.burst_controller_bytes, secs) / 1000.0,
             r.burst_underlay_bytes,
             kbit_s(r.burst_underlay_bytes, secs) / 1000.0
+        );
+        let [to, from] = r.burst_directions;
+        let per_pod = |c: Counted| {
+            (
+                c.bytes as f64 / r.pods as f64,
+                c.packets as f64 / r.pods as f64,
+            )
+        };
+        let ((tb, tp), (fb, fp)) = (per_pod(to), per_pod(from));
+        println!(
+            "  burst, per pod: controller->provider {tb:.0} B in {tp:.1} packets; \
+             provider->controller {fb:.0} B in {fp:.1} packets"
         );
         println!(
             "  burst: provider API requests (all clients): {}",

@@ -54,6 +54,12 @@ impl NftCounters {
 
     /// Bytes counted so far by every rule.
     pub(crate) fn read(&self) -> Result<u64> {
+        Ok(self.by_match()?.iter().map(|c| c.bytes).sum())
+    }
+
+    /// What each match given to [`NftCounters::install`] counted so far, over every hook,
+    /// in the order the matches were given.
+    pub(crate) fn by_match(&self) -> Result<Vec<Counted>> {
         let out = Command::new("ip")
             .args([
                 "netns",
@@ -69,17 +75,26 @@ impl NftCounters {
             .map_err(|e| format!("reading counters: {e}"))?;
         ok(&out, &format!("nft list table in {}", self.netns))?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let mut total = 0u64;
+        let matches = self.rules / 3;
+        let mut counted = vec![Counted::default(); matches];
         let mut found = 0;
         for line in text.lines() {
-            if let Some(rest) = line.split("bytes ").nth(1) {
-                total += rest
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .ok_or_else(|| format!("unreadable counter line: {line}"))?;
-                found += 1;
-            }
+            let Some(rest) = line.split("counter packets ").nth(1) else {
+                continue;
+            };
+            let mut words = rest.split_whitespace();
+            let packets = words.next().and_then(|v| v.parse::<u64>().ok());
+            let bytes = (words.next() == Some("bytes"))
+                .then(|| words.next().and_then(|v| v.parse::<u64>().ok()))
+                .flatten();
+            let (Some(packets), Some(bytes)) = (packets, bytes) else {
+                return Err(format!("unreadable counter line: {line}"));
+            };
+            // Rules are listed chain by chain, each chain with every match in order.
+            let c = &mut counted[found % matches.max(1)];
+            c.packets += packets;
+            c.bytes += bytes;
+            found += 1;
         }
         if found != self.rules {
             return Err(format!(
@@ -87,7 +102,24 @@ impl NftCounters {
                 self.rules, self.netns
             ));
         }
-        Ok(total)
+        Ok(counted)
+    }
+}
+
+/// Packets and bytes one match counted.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Counted {
+    pub(crate) packets: u64,
+    pub(crate) bytes: u64,
+}
+
+impl std::ops::Sub for Counted {
+    type Output = Self;
+    fn sub(self, earlier: Self) -> Self {
+        Self {
+            packets: self.packets - earlier.packets,
+            bytes: self.bytes - earlier.bytes,
+        }
     }
 }
 
