@@ -53,11 +53,8 @@ pub struct OffCtx {
     pub providers: Arc<ProviderClients>,
     /// Serialises a provider's answers, so two requests never share the last capacity.
     grant_lock: tokio::sync::Mutex<()>,
-    /// The ShadowPods admitted here whose admission the watch has not shown yet; serialises
-    /// admissions, so two pods never share the last of a grant.
-    admissions: std::sync::Mutex<shadow_pods::Admissions>,
     /// The provider's ShadowPods and their Pods, as the ShadowPod reconciler's watches see
-    /// them.
+    /// them, and what each consumer's admitted pods hold.
     shadow_pods: shadow_pods::Stores,
     /// This cluster's objects that reflection reads on every pass, watched.
     pub local: local::Local,
@@ -81,7 +78,6 @@ impl OffCtx {
             ctx,
             providers,
             grant_lock: tokio::sync::Mutex::new(()),
-            admissions: std::sync::Mutex::default(),
             shadow_pods: shadow_pods::Stores::default(),
             nodes: virtual_nodes::Tasks::default(),
             tokens: tokens::Minted::default(),

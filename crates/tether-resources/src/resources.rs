@@ -50,6 +50,18 @@ impl Resources {
         }
     }
 
+    /// Takes `other` away entry by entry, undoing an [`Resources::add`] of it: a running
+    /// total can then follow items that come and go without adding them all up again.
+    pub fn subtract(&mut self, other: &Resources) {
+        for (name, amount) in &other.0 {
+            let entry = match self.0.get_mut(name) {
+                Some(entry) => entry,
+                None => self.0.entry(name.clone()).or_default(),
+            };
+            entry.0 = entry.0.saturating_sub(amount.0);
+        }
+    }
+
     /// The entry-by-entry total of `items`.
     pub fn sum<'a>(items: impl IntoIterator<Item = &'a Resources>) -> Resources {
         let mut total = Resources::default();

@@ -1,5 +1,5 @@
 //! Property tests: rendering round-trips through parsing, milli-suffixes are exact, sums do not
-//! depend on order, and `decide` never grants more than is free.
+//! depend on order, subtraction undoes addition, and `decide` never grants more than is free.
 
 use proptest::prelude::*;
 use tether_resources::{Amount, Decision, Resources, decide};
@@ -56,6 +56,28 @@ proptest! {
         for name in NAMES {
             let expected: i128 = items.iter().map(|r| r.get(name).0).sum();
             prop_assert_eq!(forward.get(name).0, expected);
+        }
+    }
+
+    #[test]
+    fn subtracting_what_was_added_restores_every_amount(
+        base in resources(),
+        items in proptest::collection::vec(resources(), 0..6),
+        seed in any::<u64>(),
+    ) {
+        let mut total = base.clone();
+        for item in &items {
+            total.add(item);
+        }
+        // Taken away in another order than they came.
+        let mut out = items.clone();
+        let len = out.len().max(1);
+        out.rotate_left(usize::try_from(seed).unwrap_or(0) % len);
+        for item in &out {
+            total.subtract(item);
+        }
+        for name in NAMES {
+            prop_assert_eq!(total.get(name), base.get(name));
         }
     }
 

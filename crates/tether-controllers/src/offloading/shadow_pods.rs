@@ -9,8 +9,8 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Namespace, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
@@ -40,13 +40,17 @@ pub const SPEC_DIGEST: &str = "tether.dev/shadow-pod-spec";
 const TRANSIENT: [&str; 3] = ["UnknownConsumer", "TenantNotActive", "PodNameTaken"];
 
 /// The provider's ShadowPods and the Pods made from them, as the reconciler's watches see
-/// them: admission counts what is in use from these, not from a listing per pod.
+/// them, and what each consumer's admitted pods hold: admission counts from these, not from a
+/// listing per pod.
 pub struct Stores {
     /// Every ShadowPod of this cluster.
     pub shadow_pods: Store<ShadowPod>,
     /// Every Pod made from a ShadowPod.
     pub pods: Store<Pod>,
     writers: Mutex<Option<(Writer<ShadowPod>, Writer<Pod>)>>,
+    /// Kept current by both watches (see [`Admissions`]); its lock serialises admissions, so
+    /// two pods never share the last of a grant.
+    admissions: Arc<Mutex<Admissions>>,
     /// ShadowPods this term has marked reported (UID → the versions that predate the mark): a
     /// second status write can come before the store shows the mark, and marking again would
     /// be one more write, sent whole to the consumer's watch. A later version without the
@@ -69,6 +73,7 @@ impl Default for Stores {
             shadow_pods,
             pods,
             writers: Mutex::new(Some((sw, pw))),
+            admissions: Arc::default(),
             marked: Mutex::default(),
         }
     }
@@ -95,6 +100,7 @@ impl Stores {
         .default_backoff()
         .modify(|o: &mut ShadowPod| o.metadata.managed_fields = None)
         .reflect(sw)
+        .inspect_ok(self.observer())
         .touched_objects()
         .boxed();
         let pods = watcher(
@@ -104,28 +110,105 @@ impl Stores {
         .default_backoff()
         .modify(|o: &mut Pod| o.metadata.managed_fields = None)
         .reflect(pw)
+        .inspect_ok(self.observer())
         .touched_objects()
         .boxed();
         Some((shadows, pods))
     }
+
+    /// Brings [`Admissions`] up to date with each event of a watch, once its store shows it.
+    fn observer<K: Resource>(&self) -> impl FnMut(&watcher::Event<K>) + Send + 'static {
+        let admissions = self.admissions.clone();
+        let (shadow_pods, pods) = (self.shadow_pods.clone(), self.pods.clone());
+        move |event| {
+            let mut a = admissions.lock().unwrap_or_else(PoisonError::into_inner);
+            match event {
+                watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                    a.observe(&Key::of(o), &shadow_pods, &pods);
+                }
+                // A new listing: what went meanwhile had no event of its own.
+                watcher::Event::InitDone => a.recount(&shadow_pods, &pods),
+                watcher::Event::Init | watcher::Event::InitApply(_) => {}
+            }
+        }
+    }
+
+    /// Decides on `sp` within `grant` (see [`Admissions::decide`]).
+    fn decide(&self, sp: &ShadowPod, grant: &Resources, mode: Enforcement) -> Admission {
+        self.admissions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .decide(sp, &self.shadow_pods, &self.pods, grant, mode)
+    }
+
+    /// Drops the admission of `sp` (its Pod could not be made).
+    fn undo(&self, sp: &ShadowPod) {
+        self.admissions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .undo(sp, &self.shadow_pods, &self.pods);
+    }
 }
 
-/// One admission the ShadowPod watch has not shown yet.
+/// Where a ShadowPod and the Pod made from it are: they share namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Key {
+    namespace: String,
+    name: String,
+}
+
+impl Key {
+    fn of<K: Resource>(o: &K) -> Self {
+        Self {
+            namespace: o.meta().namespace.clone().unwrap_or_default(),
+            name: o.meta().name.clone().unwrap_or_default(),
+        }
+    }
+
+    fn shadow_pod(&self) -> ObjectRef<ShadowPod> {
+        ObjectRef::new(&self.name).within(&self.namespace)
+    }
+}
+
+/// One admission the ShadowPod watch has not shown yet: the ShadowPod's resource version
+/// when it was admitted (a later one in the store carries the admission in its status).
 struct Admitted {
-    consumer: String,
-    /// The ShadowPod's resource version when it was admitted: a later one in the store
-    /// carries the admission in its status.
     version: Option<String>,
 }
 
-/// The admissions in flight, by ShadowPod UID.
+/// What one stored ShadowPod holds of its consumer's grant.
+struct Held {
+    consumer: String,
+    uid: String,
+    /// The object its requests were read from: they are read again only from a new one.
+    read: Arc<ShadowPod>,
+    /// `None` when they do not parse.
+    requests: Option<Resources>,
+    /// Whether they count against the grant: the pod is admitted and in flight, or it
+    /// [`holds`] its share.
+    counts: bool,
+}
+
+impl Held {
+    fn counted(&self) -> Option<&Resources> {
+        self.counts.then_some(self.requests.as_ref()).flatten()
+    }
+}
+
+/// What each consumer's pods hold here, kept as a running total per consumer that both
+/// watches update, pod by pod, as their stores change. A decision reads the total: adding up
+/// every pod of the consumer for each made a burst's admissions quadratic (a fifth of the
+/// provider controller's CPU in a thousand-pod burst, growing a hundredfold for ten times
+/// the pods).
 #[derive(Default)]
 pub struct Admissions {
+    /// The admissions in flight, by ShadowPod UID. An admitted pod is in flight until the
+    /// store shows its next version.
     in_flight: HashMap<String, Admitted>,
-    /// Each stored ShadowPod's requests as last read (UID → the object read, its requests or
-    /// `None` when they do not parse): every decision counts all of a consumer's pods, and
-    /// reading their quantities again each time made a burst's admissions quadratic.
-    requests: HashMap<String, (Arc<ShadowPod>, Option<Resources>)>,
+    /// Every stored ShadowPod.
+    held: HashMap<Key, Held>,
+    /// Per consumer, the requests of its ShadowPods that count.
+    totals: HashMap<String, Resources>,
 }
 
 impl Admissions {
@@ -138,78 +221,110 @@ impl Admissions {
             .is_some_and(|a| a.version == sp.metadata.resource_version)
     }
 
-    /// Decides on `sp` with what `consumer`'s other pods hold: the stored ShadowPods that were
-    /// admitted (their Pod, or else their status, says so) and the admissions in flight. An
-    /// admitted pod is in flight until the store shows its next version. Forgets admissions
-    /// the store has caught up with or whose ShadowPod is gone.
-    fn decide(
-        &mut self,
-        sp: &ShadowPod,
-        stores: &Stores,
-        grant: &Resources,
-        mode: Enforcement,
-    ) -> Admission {
-        let consumer = sp.spec.consumer_cluster_id.as_str();
-        let this = sp.metadata.uid.clone().unwrap_or_default();
-        let stored = stores.shadow_pods.state();
-        let mut seen = HashSet::new();
-        let mut in_use = Resources::default();
-        for s in &stored {
-            if s.spec.consumer_cluster_id != consumer {
-                continue;
-            }
-            let uid = s.metadata.uid.as_deref().unwrap_or_default();
-            let in_flight = self.in_flight(s);
-            if in_flight {
-                seen.insert(uid.to_owned());
-            }
-            if uid == this {
-                continue;
-            }
-            if (in_flight || holds(s, &stores.pods))
-                && let Some(r) = self.requests_of(s)
-            {
-                in_use.add(r);
-            }
+    /// Takes what the ShadowPod at `key` holds from the stores again; called after every
+    /// change either watch shows for `key`. Forgets its admission once the store has caught
+    /// up with it or the ShadowPod is gone.
+    fn observe(&mut self, key: &Key, shadow_pods: &Store<ShadowPod>, pods: &Store<Pod>) {
+        let old = self.held.remove(key);
+        if let Some(old) = &old
+            && let Some(r) = old.counted()
+            && let Some(total) = self.totals.get_mut(&old.consumer)
+        {
+            total.subtract(r);
         }
+        let sp = shadow_pods.get(&key.shadow_pod());
+        let uid = sp.as_ref().and_then(|sp| sp.metadata.uid.clone());
+        if let Some(old) = &old
+            && Some(&old.uid) != uid.as_ref()
+        {
+            self.in_flight.remove(&old.uid);
+        }
+        let (Some(sp), Some(uid)) = (sp, uid) else {
+            return;
+        };
+        let in_flight = self.in_flight(&sp);
+        if !in_flight {
+            self.in_flight.remove(&uid);
+        }
+        let (read, requests) = match old {
+            Some(old) if Arc::ptr_eq(&old.read, &sp) => (old.read, old.requests),
+            _ => {
+                let requests = tether_resources::pod_requests(&sp.spec.pod).ok();
+                (sp, requests)
+            }
+        };
+        let held = Held {
+            consumer: read.spec.consumer_cluster_id.clone(),
+            counts: in_flight || holds(&read, pods),
+            uid,
+            read,
+            requests,
+        };
+        if let Some(r) = held.counted() {
+            self.totals.entry(held.consumer.clone()).or_default().add(r);
+        }
+        self.held.insert(key.clone(), held);
+    }
+
+    /// Counts every stored ShadowPod again: after a watch listed anew, objects may have gone
+    /// without an event.
+    fn recount(&mut self, shadow_pods: &Store<ShadowPod>, pods: &Store<Pod>) {
+        self.totals.clear();
+        let mut old = std::mem::take(&mut self.held);
+        let stored = shadow_pods.state();
         let live: HashSet<&str> = stored
             .iter()
             .filter_map(|s| s.metadata.uid.as_deref())
             .collect();
-        self.requests.retain(|uid, _| live.contains(uid.as_str()));
-        self.in_flight
-            .retain(|uid, a| a.consumer != consumer || seen.contains(uid));
+        self.in_flight.retain(|uid, _| live.contains(uid.as_str()));
+        for sp in &stored {
+            let key = Key::of(sp.as_ref());
+            // Requests already read stay read.
+            if let Some(mut h) = old.remove(&key) {
+                h.counts = false;
+                self.held.insert(key.clone(), h);
+            }
+            self.observe(&key, shadow_pods, pods);
+        }
+    }
+
+    /// Decides on `sp` with what `consumer`'s other pods hold: the stored ShadowPods that were
+    /// admitted (their Pod, or else their status, says so) and the admissions in flight.
+    fn decide(
+        &mut self,
+        sp: &ShadowPod,
+        shadow_pods: &Store<ShadowPod>,
+        pods: &Store<Pod>,
+        grant: &Resources,
+        mode: Enforcement,
+    ) -> Admission {
+        let consumer = sp.spec.consumer_cluster_id.as_str();
+        let key = Key::of(sp);
+        let mut in_use = self.totals.get(consumer).cloned().unwrap_or_default();
+        // A pod never counts against itself.
+        if let Some(own) = self.held.get(&key)
+            && own.consumer == consumer
+            && sp.metadata.uid.as_ref() == Some(&own.uid)
+            && let Some(r) = own.counted()
+        {
+            in_use.subtract(r);
+        }
         let decision = tether_resources::admit(&sp.spec.pod, &in_use, grant, mode);
-        if decision == Admission::Allow {
-            self.in_flight.insert(
-                this,
-                Admitted {
-                    consumer: consumer.to_owned(),
-                    version: sp.metadata.resource_version.clone(),
-                },
-            );
+        if decision == Admission::Allow
+            && let Some(uid) = sp.metadata.uid.clone()
+        {
+            let version = sp.metadata.resource_version.clone();
+            self.in_flight.insert(uid, Admitted { version });
+            self.observe(&key, shadow_pods, pods);
         }
         decision
     }
 
-    /// `sp`'s requests, read again only when the store holds a new object for it.
-    fn requests_of(&mut self, sp: &Arc<ShadowPod>) -> Option<&Resources> {
-        let uid = sp.metadata.uid.as_deref().unwrap_or_default();
-        let fresh = self
-            .requests
-            .get(uid)
-            .is_some_and(|(read, _)| Arc::ptr_eq(read, sp));
-        if !fresh {
-            let requests = tether_resources::pod_requests(&sp.spec.pod).ok();
-            self.requests.insert(uid.to_owned(), (sp.clone(), requests));
-        }
-        self.requests.get(uid).and_then(|(_, r)| r.as_ref())
-    }
-
-    /// Drops the admission of `uid` (its Pod could not be made).
-    fn undo(&mut self, uid: Option<&String>) {
-        if let Some(uid) = uid {
+    /// Drops the admission of `sp` (its Pod could not be made).
+    fn undo(&mut self, sp: &ShadowPod, shadow_pods: &Store<ShadowPod>, pods: &Store<Pod>) {
+        if let Some(uid) = &sp.metadata.uid {
             self.in_flight.remove(uid);
+            self.observe(&Key::of(sp), shadow_pods, pods);
         }
     }
 }
@@ -772,7 +887,7 @@ async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
     let consumer_api = consumer_api(octx, consumer).await?;
     // Deciding again on a pod admitted a moment ago is harmless: a pod never counts against
     // itself, and its Pod, if made, answers the second create with a conflict.
-    let decision = admissions(octx).decide(sp, &octx.shadow_pods, &grant, mode);
+    let decision = octx.shadow_pods.decide(sp, &grant, mode);
     if let Admission::Deny { reason, message } = decision {
         return reject(octx, sp, (reason, message)).await;
     }
@@ -786,12 +901,12 @@ async fn create(octx: &OffCtx, sp: &ShadowPod) -> Result<Action, Error> {
         }
         // The API server's own validation of the spec: the consumer's to fix.
         Err(kube::Error::Api(e)) if e.code == 422 || e.code == 400 => {
-            admissions(octx).undo(sp.metadata.uid.as_ref());
+            octx.shadow_pods.undo(sp);
             let message = format!("the Pod was refused: {}; fix the pod's spec", e.message);
             return reject(octx, sp, ("InvalidPod", message)).await;
         }
         Err(e) => {
-            admissions(octx).undo(sp.metadata.uid.as_ref());
+            octx.shadow_pods.undo(sp);
             return Err(Error::kube(format!("creating Pod {ns}/{name}"))(e));
         }
     }
@@ -821,12 +936,6 @@ async fn grant_of(octx: &OffCtx, consumer: &str) -> Result<Resources, Error> {
         .filter_map(|s| Resources::from_quantities(&s.status.as_ref()?.resources).ok())
         .collect();
     Ok(Resources::sum(&granted))
-}
-
-fn admissions(octx: &OffCtx) -> std::sync::MutexGuard<'_, Admissions> {
-    octx.admissions
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn reject(
@@ -1264,19 +1373,74 @@ mod tests {
         }
     }
 
-    /// Stores holding `shadows` and no Pods.
-    fn stores(shadows: &[&ShadowPod]) -> (Stores, Writer<ShadowPod>) {
-        let stores = Stores::default();
-        let (mut sw, _) = stores
-            .writers
-            .lock()
-            .expect("lock")
-            .take()
-            .expect("writers");
-        for sp in shadows {
-            sw.apply_watcher_event(&watcher::Event::Apply((*sp).clone()));
+    /// Stores fed as the watches feed them: each event reaches the store, then the
+    /// admissions through the same observer the watches use.
+    struct Fed {
+        stores: Stores,
+        sw: Writer<ShadowPod>,
+        pw: Writer<Pod>,
+    }
+
+    impl Fed {
+        /// Stores holding `shadows` and no Pods.
+        fn new(shadows: &[&ShadowPod]) -> Self {
+            let stores = Stores::default();
+            let (sw, pw) = stores
+                .writers
+                .lock()
+                .expect("lock")
+                .take()
+                .expect("writers");
+            let mut fed = Self { stores, sw, pw };
+            for sp in shadows {
+                fed.shadow(watcher::Event::Apply((*sp).clone()));
+            }
+            fed
         }
-        (stores, sw)
+
+        fn shadow(&mut self, event: watcher::Event<ShadowPod>) {
+            self.sw.apply_watcher_event(&event);
+            self.stores.observer::<ShadowPod>()(&event);
+        }
+
+        fn pod(&mut self, event: watcher::Event<Pod>) {
+            self.pw.apply_watcher_event(&event);
+            self.stores.observer::<Pod>()(&event);
+        }
+
+        fn decide(&self, sp: &ShadowPod) -> Admission {
+            self.stores.decide(sp, &two_cpus(), Enforcement::Soft)
+        }
+
+        fn admissions(&self) -> std::sync::MutexGuard<'_, Admissions> {
+            self.stores.admissions.lock().expect("lock")
+        }
+
+        /// What `consumer`'s pods hold, added up from the stores as they are now.
+        fn counted_afresh(&self, consumer: &str) -> Resources {
+            let a = self.admissions();
+            let mut total = Resources::default();
+            for sp in self.stores.shadow_pods.state() {
+                if sp.spec.consumer_cluster_id == consumer
+                    && (a.in_flight(&sp) || holds(&sp, &self.stores.pods))
+                    && let Ok(r) = tether_resources::pod_requests(&sp.spec.pod)
+                {
+                    total.add(&r);
+                }
+            }
+            total
+        }
+    }
+
+    /// The Pod made from `sp`, in `phase`.
+    fn pod_of(sp: &ShadowPod, phase: &str) -> Pod {
+        let mut pod = pod_for(sp, None);
+        pod.metadata.uid = Some(format!("pod-{}", sp.name_any()));
+        pod.status = Some(PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        pod
     }
 
     fn two_cpus() -> Resources {
@@ -1287,6 +1451,16 @@ mod tests {
         .expect("grant")
     }
 
+    fn denied(a: &Admission) -> bool {
+        matches!(
+            a,
+            Admission::Deny {
+                reason: "QuotaExceeded",
+                ..
+            }
+        )
+    }
+
     #[test]
     fn admissions_count_what_the_store_has_not_shown_yet() {
         let (a, b, c) = (
@@ -1294,30 +1468,13 @@ mod tests {
             asking_one_cpu("b", "c1", "2", None),
             asking_one_cpu("c", "c1", "3", None),
         );
-        let (stores, _w) = stores(&[&a, &b, &c]);
-        let mut ledger = Admissions::default();
-        let grant = two_cpus();
-        assert_eq!(
-            ledger.decide(&a, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
+        let fed = Fed::new(&[&a, &b, &c]);
+        assert_eq!(fed.decide(&a), Admission::Allow);
         // Deciding on the same pod again never counts it against itself.
-        assert_eq!(
-            ledger.decide(&a, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
-        assert_eq!(
-            ledger.decide(&b, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
+        assert_eq!(fed.decide(&a), Admission::Allow);
+        assert_eq!(fed.decide(&b), Admission::Allow);
         // Neither a nor b shows an admission in the store yet, and still c is over the grant.
-        assert!(matches!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Deny {
-                reason: "QuotaExceeded",
-                ..
-            }
-        ));
+        assert!(denied(&fed.decide(&c)));
     }
 
     #[test]
@@ -1326,14 +1483,9 @@ mod tests {
             asking_one_cpu("a", "c1", "1", Some("Running")),
             asking_one_cpu("c", "c1", "3", None),
         );
-        let (stores, mut w) = stores(&[&a, &c]);
-        let mut ledger = Admissions::default();
-        let grant = two_cpus();
-        assert_eq!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
-        ledger.undo(c.metadata.uid.as_ref());
+        let mut fed = Fed::new(&[&a, &c]);
+        assert_eq!(fed.decide(&c), Admission::Allow);
+        fed.stores.undo(&c);
         // a now asks for two CPUs: the requests read for its earlier version no longer count.
         let mut bigger = asking_one_cpu("a", "c1", "4", Some("Running"));
         if let Some(r) = bigger.spec.pod.containers[0].resources.as_mut() {
@@ -1341,21 +1493,12 @@ mod tests {
                 .get_or_insert_default()
                 .insert("cpu".to_owned(), Quantity("2".into()));
         }
-        w.apply_watcher_event(&watcher::Event::Apply(bigger));
-        assert!(matches!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Deny {
-                reason: "QuotaExceeded",
-                ..
-            }
-        ));
+        fed.shadow(watcher::Event::Apply(bigger));
+        assert!(denied(&fed.decide(&c)));
         // Gone, it frees its share and is forgotten.
-        w.apply_watcher_event(&watcher::Event::Delete(a));
-        assert_eq!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
-        assert!(!ledger.requests.contains_key("uid-a"));
+        fed.shadow(watcher::Event::Delete(a));
+        assert_eq!(fed.decide(&c), Admission::Allow);
+        assert!(!fed.admissions().held.keys().any(|k| k.name == "a"));
     }
 
     #[test]
@@ -1366,52 +1509,222 @@ mod tests {
             asking_one_cpu("c", "c1", "3", None),
         );
         let other = asking_one_cpu("x", "c2", "4", Some("Running"));
-        let (stores, mut w) = stores(&[&a, &b, &c, &other]);
-        let mut ledger = Admissions::default();
-        let grant = two_cpus();
+        let mut fed = Fed::new(&[&a, &b, &c, &other]);
         for sp in [&a, &b] {
-            assert_eq!(
-                ledger.decide(sp, &stores, &grant, Enforcement::Soft),
-                Admission::Allow
-            );
+            assert_eq!(fed.decide(sp), Admission::Allow);
         }
         // The store shows a's admission (its next version, Running): counted from there.
         let a_running = asking_one_cpu("a", "c1", "5", Some("Running"));
-        w.apply_watcher_event(&watcher::Event::Apply(a_running));
-        assert!(matches!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Deny { .. }
-        ));
+        fed.shadow(watcher::Event::Apply(a_running));
+        assert!(!fed.admissions().in_flight.contains_key("uid-a"));
+        assert!(denied(&fed.decide(&c)));
         // a finished, and b's ShadowPod went: c fits, and another consumer's pod never
         // counted.
-        w.apply_watcher_event(&watcher::Event::Apply(asking_one_cpu(
+        fed.shadow(watcher::Event::Apply(asking_one_cpu(
             "a",
             "c1",
             "6",
             Some("Succeeded"),
         )));
-        w.apply_watcher_event(&watcher::Event::Delete(b.clone()));
-        assert_eq!(
-            ledger.decide(&c, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
-        );
-        assert!(!ledger.in_flight.contains_key("uid-b"));
+        fed.shadow(watcher::Event::Delete(b));
+        assert_eq!(fed.decide(&c), Admission::Allow);
+        assert!(!fed.admissions().in_flight.contains_key("uid-b"));
         // A refused pod holds nothing; a running one does.
         let rejected = asking_one_cpu("d", "c1", "7", Some(PHASE_REJECTED));
-        w.apply_watcher_event(&watcher::Event::Apply(rejected));
+        fed.shadow(watcher::Event::Apply(rejected));
         let running = asking_one_cpu("f", "c1", "9", Some("Running"));
-        w.apply_watcher_event(&watcher::Event::Apply(running));
+        fed.shadow(watcher::Event::Apply(running));
         let e = asking_one_cpu("e", "c1", "8", None);
-        w.apply_watcher_event(&watcher::Event::Apply(e.clone()));
-        assert!(matches!(
-            ledger.decide(&e, &stores, &grant, Enforcement::Soft),
-            Admission::Deny { .. }
-        ));
-        ledger.undo(c.metadata.uid.as_ref());
-        assert_eq!(
-            ledger.decide(&e, &stores, &grant, Enforcement::Soft),
-            Admission::Allow
+        fed.shadow(watcher::Event::Apply(e.clone()));
+        assert!(denied(&fed.decide(&e)));
+        fed.stores.undo(&c);
+        assert_eq!(fed.decide(&e), Admission::Allow);
+    }
+
+    #[test]
+    fn a_pod_holds_its_share_while_its_pod_runs_whatever_its_status_says() {
+        let (a, b, c) = (
+            asking_one_cpu("a", "c1", "1", None),
+            asking_one_cpu("b", "c1", "2", None),
+            asking_one_cpu("c", "c1", "3", None),
         );
+        let mut fed = Fed::new(&[&a, &b, &c]);
+        // Pods made by an earlier term: no admission in flight, no status yet.
+        fed.pod(watcher::Event::Apply(pod_of(&a, "Pending")));
+        fed.pod(watcher::Event::Apply(pod_of(&b, "Running")));
+        assert!(denied(&fed.decide(&c)));
+        // b's Pod finished: its share is free although b's status says nothing yet.
+        fed.pod(watcher::Event::Apply(pod_of(&b, "Succeeded")));
+        assert_eq!(fed.decide(&c), Admission::Allow);
+        fed.stores.undo(&c);
+        // A Pod of another ShadowPod by that name (another UID) holds nothing for this one.
+        let mut stranger = pod_of(&b, "Running");
+        if let Some(o) = stranger.metadata.owner_references.as_mut() {
+            o[0].uid = "someone-else".into();
+        }
+        fed.pod(watcher::Event::Apply(stranger));
+        assert_eq!(fed.decide(&c), Admission::Allow);
+    }
+
+    #[test]
+    fn a_new_listing_forgets_what_went_while_the_watch_was_away() {
+        let (a, b, c) = (
+            asking_one_cpu("a", "c1", "1", Some("Running")),
+            asking_one_cpu("b", "c1", "2", Some("Running")),
+            asking_one_cpu("c", "c1", "3", None),
+        );
+        let mut fed = Fed::new(&[&a, &b, &c]);
+        assert!(denied(&fed.decide(&c)));
+        // The watch lists again and b is not there: no Delete event came for it.
+        fed.shadow(watcher::Event::Init);
+        for sp in [&a, &c] {
+            fed.shadow(watcher::Event::InitApply((*sp).clone()));
+        }
+        fed.shadow(watcher::Event::InitDone);
+        assert_eq!(fed.decide(&c), Admission::Allow);
+        assert_eq!(fed.counted_afresh("c1"), fed.admissions().totals["c1"]);
+    }
+
+    /// One change a watch or the reconciler makes, over five pod names, two consumers.
+    #[derive(Clone, Debug)]
+    enum Step {
+        Shadow {
+            name: usize,
+            consumer: usize,
+            cpu: u8,
+            phase: Option<&'static str>,
+        },
+        DeleteShadow {
+            name: usize,
+        },
+        Pod {
+            name: usize,
+            phase: &'static str,
+        },
+        DeletePod {
+            name: usize,
+        },
+        Decide {
+            name: usize,
+        },
+        Undo {
+            name: usize,
+        },
+        Relist {
+            keep: Vec<bool>,
+        },
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let name = 0usize..5;
+        let phase = prop_oneof![
+            Just(None),
+            Just(Some("Pending")),
+            Just(Some("Running")),
+            Just(Some("Succeeded")),
+            Just(Some(PHASE_REJECTED)),
+        ];
+        prop_oneof![
+            (name.clone(), 0usize..2, 0u8..3, phase).prop_map(|(name, consumer, cpu, phase)| {
+                Step::Shadow {
+                    name,
+                    consumer,
+                    cpu,
+                    phase,
+                }
+            }),
+            name.clone().prop_map(|name| Step::DeleteShadow { name }),
+            (
+                name.clone(),
+                prop_oneof![Just("Pending"), Just("Running"), Just("Failed")]
+            )
+                .prop_map(|(name, phase)| Step::Pod { name, phase }),
+            name.clone().prop_map(|name| Step::DeletePod { name }),
+            name.clone().prop_map(|name| Step::Decide { name }),
+            name.prop_map(|name| Step::Undo { name }),
+            proptest::collection::vec(any::<bool>(), 5).prop_map(|keep| Step::Relist { keep }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the watches show and in whatever order, each consumer's running total is
+        /// what adding up its stored pods again gives.
+        #[test]
+        fn running_totals_match_a_count_from_scratch(
+            steps in proptest::collection::vec(step(), 1..40)
+        ) {
+            let mut fed = Fed::new(&[]);
+            let mut version = 0u32;
+            for step in steps {
+                version += 1;
+                let stored = |fed: &Fed, name: usize| {
+                    fed.stores
+                        .shadow_pods
+                        .get(&ObjectRef::new(&format!("p{name}")).within("shop-c1"))
+                };
+                match step {
+                    Step::Shadow { name, consumer, cpu, phase } => {
+                        let mut sp = asking_one_cpu(
+                            &format!("p{name}"),
+                            &format!("c{consumer}"),
+                            &version.to_string(),
+                            phase,
+                        );
+                        if let Some(r) = sp.spec.pod.containers[0].resources.as_mut() {
+                            r.requests
+                                .get_or_insert_default()
+                                .insert("cpu".to_owned(), Quantity(cpu.to_string()));
+                        }
+                        fed.shadow(watcher::Event::Apply(sp));
+                    }
+                    Step::DeleteShadow { name } => {
+                        if let Some(sp) = stored(&fed, name) {
+                            fed.shadow(watcher::Event::Delete((*sp).clone()));
+                        }
+                    }
+                    Step::Pod { name, phase } => {
+                        if let Some(sp) = stored(&fed, name) {
+                            fed.pod(watcher::Event::Apply(pod_of(&sp, phase)));
+                        }
+                    }
+                    Step::DeletePod { name } => {
+                        let key = ObjectRef::new(&format!("p{name}")).within("shop-c1");
+                        if let Some(pod) = fed.stores.pods.get(&key) {
+                            fed.pod(watcher::Event::Delete((*pod).clone()));
+                        }
+                    }
+                    Step::Decide { name } => {
+                        if let Some(sp) = stored(&fed, name) {
+                            fed.decide(&sp);
+                        }
+                    }
+                    Step::Undo { name } => {
+                        if let Some(sp) = stored(&fed, name) {
+                            fed.stores.undo(&sp);
+                        }
+                    }
+                    Step::Relist { keep } => {
+                        let all = fed.stores.shadow_pods.state();
+                        fed.shadow(watcher::Event::Init);
+                        for sp in all {
+                            let n: usize = sp.name_any()[1..].parse().expect("name");
+                            if keep[n] {
+                                fed.shadow(watcher::Event::InitApply((*sp).clone()));
+                            }
+                        }
+                        fed.shadow(watcher::Event::InitDone);
+                    }
+                }
+                for consumer in ["c0", "c1"] {
+                    let kept = fed.admissions().totals.get(consumer).cloned().unwrap_or_default();
+                    let fresh = fed.counted_afresh(consumer);
+                    for name in ["cpu", "memory", "pods"] {
+                        proptest::prop_assert_eq!(kept.get(name), fresh.get(name), "{} of {}", name, consumer);
+                    }
+                }
+            }
+        }
     }
 
     #[test]
