@@ -38,27 +38,27 @@ impl Resources {
 
     /// Adds `other` entry by entry.
     pub fn add(&mut self, other: &Resources) {
+        // Saturating: no real cluster gets near i128, and a panic in a controller would be
+        // worse than a clamped total.
+        self.combine(other, i128::saturating_add);
+    }
+
+    /// Takes `other` away entry by entry, undoing an [`Resources::add`] of it: a running
+    /// total can then follow items that come and go without adding them all up again.
+    pub fn subtract(&mut self, other: &Resources) {
+        self.combine(other, i128::saturating_sub);
+    }
+
+    /// Sets each entry of `other`'s names to `op(entry, other's amount)`, a missing entry
+    /// counting as zero.
+    fn combine(&mut self, other: &Resources, op: fn(i128, i128) -> i128) {
         for (name, amount) in &other.0 {
             // A name is copied only the first time: admission adds up every pod of a grant.
             let entry = match self.0.get_mut(name) {
                 Some(entry) => entry,
                 None => self.0.entry(name.clone()).or_default(),
             };
-            // Saturating: no real cluster gets near i128, and a panic in a controller would be
-            // worse than a clamped total.
-            entry.0 = entry.0.saturating_add(amount.0);
-        }
-    }
-
-    /// Takes `other` away entry by entry, undoing an [`Resources::add`] of it: a running
-    /// total can then follow items that come and go without adding them all up again.
-    pub fn subtract(&mut self, other: &Resources) {
-        for (name, amount) in &other.0 {
-            let entry = match self.0.get_mut(name) {
-                Some(entry) => entry,
-                None => self.0.entry(name.clone()).or_default(),
-            };
-            entry.0 = entry.0.saturating_sub(amount.0);
+            entry.0 = op(entry.0, amount.0);
         }
     }
 
