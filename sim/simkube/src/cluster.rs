@@ -29,6 +29,9 @@ pub use startup::{CLIENT_CA_CONFIGMAP, CLIENT_CA_KEY};
 
 /// How long open connections get to finish when the server stops.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
+/// What the built-in controllers send as User-Agent: the part before the `/` is the field
+/// manager of their writes, as for the real kube-controller-manager.
+const CONTROLLER_USER_AGENT: &str = "kube-controller-manager/simkube";
 
 /// Why a cluster could not start.
 #[derive(Debug, thiserror::Error)]
@@ -210,6 +213,21 @@ impl Cluster {
 
     /// A kube-rs client configured for this cluster with the given bearer token.
     pub fn client_with_token(&self, token: &str) -> Result<kube::Client, kube::Error> {
+        kube::Client::try_from(self.config_with_token(token))
+    }
+
+    /// The client of the built-in controllers: it names itself as kube-controller-manager
+    /// does, so the objects they write are tracked under its name in `managedFields`.
+    pub(crate) fn controller_client(&self) -> Result<kube::Client, kube::Error> {
+        let mut config = self.config_with_token(self.admin_token.expose());
+        config.headers.push((
+            ::http::header::USER_AGENT,
+            ::http::HeaderValue::from_static(CONTROLLER_USER_AGENT),
+        ));
+        kube::Client::try_from(config)
+    }
+
+    fn config_with_token(&self, token: &str) -> kube::Config {
         let url: ::http::Uri = self
             .url
             .parse()
@@ -220,7 +238,7 @@ impl Cluster {
             config.root_cert = Some(vec![ca.ca_der().to_vec()]);
         }
         config.auth_info.token = Some(secrecy::SecretString::from(token.to_owned()));
-        kube::Client::try_from(config)
+        config
     }
 
     /// An admin kube-rs client over the real listener (TLS when on), default namespace `default`.

@@ -109,6 +109,16 @@ async fn deployment_spreads_over_nodes_and_becomes_available() {
     .await;
     let nodes: BTreeSet<String> = pods.iter().filter_map(node_of).collect();
     assert_eq!(nodes, BTreeSet::from(["n1".into(), "n2".into()]));
+    // The controller's writes are tracked under its name, as kube-controller-manager's are.
+    let creator = pods[0]
+        .managed_fields()
+        .first()
+        .cloned()
+        .expect("managedFields");
+    assert_eq!(
+        (creator.manager.as_deref(), creator.operation.as_deref()),
+        (Some("kube-controller-manager"), Some("Update"))
+    );
     // Not available before the kubelet reports the pods ready.
     let d = api.get("web").await.expect("get");
     assert_ne!(d.status.and_then(|s| s.available_replicas), Some(3));

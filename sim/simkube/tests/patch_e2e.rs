@@ -711,3 +711,102 @@ async fn a_status_update_owns_an_atomic_object_of_a_crd_whole() {
         json!({"f:status": {".": {}, "f:phase": {}, "f:pod": {}}})
     );
 }
+
+#[tokio::test]
+async fn cleared_managed_fields_stay_cleared_through_updates_until_an_apply() {
+    let c = cluster().await;
+    let client = c.client();
+    let schema = json!({"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {"owner": {"type": "string"}}},
+        "status": {"type": "object", "properties": {"phase": {"type": "string"}}}
+    }});
+    let api = example_crd(&client, "Report", "reports", schema, true).await;
+    let config = |labels: Value| {
+        json!({"apiVersion": "example.com/v1", "kind": "Report",
+               "metadata": {"name": "r", "labels": labels}, "spec": {"owner": "a"}})
+    };
+    let by = |manager: &str| PatchParams::apply(manager).force();
+    api.patch(
+        "r",
+        &by("consumer"),
+        &Patch::Apply(config(json!({"a": "1", "b": "1"}))),
+    )
+    .await
+    .expect("first apply");
+    // A merge patch that adds a label and clears the managed fields: neither it nor the
+    // status write after it is recorded.
+    let marked = api
+        .patch(
+            "r",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"mark": "true"}, "managedFields": [{}]}})),
+        )
+        .await
+        .expect("mark");
+    assert_eq!(
+        marked.labels().get("mark").map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(marked.metadata.managed_fields, None);
+    let mut next = marked.clone();
+    next.data["status"] = json!({"phase": "Running"});
+    let reported = api
+        .replace_status("r", &PostParams::default(), &next)
+        .await
+        .expect("status write");
+    assert_eq!(reported.data["status"]["phase"], "Running");
+    assert_eq!(reported.metadata.managed_fields, None);
+    // The next apply gives the fields there to `before-first-apply`: a label the applier
+    // stops sending is no longer its to remove, so it stays until removed by a patch.
+    let applied = api
+        .patch(
+            "r",
+            &by("consumer"),
+            &Patch::Apply(config(json!({"a": "1"}))),
+        )
+        .await
+        .expect("second apply");
+    let managers: Vec<_> = applied
+        .managed_fields()
+        .iter()
+        .filter_map(|e| e.manager.clone())
+        .collect();
+    assert_eq!(managers, ["consumer", "before-first-apply"]);
+    assert_eq!(applied.labels().get("b").map(String::as_str), Some("1"));
+    let removed = api
+        .patch(
+            "r",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"b": null}}})),
+        )
+        .await
+        .expect("removal");
+    assert_eq!(
+        removed.labels().keys().cloned().collect::<Vec<_>>(),
+        ["a", "mark"]
+    );
+}
+
+#[tokio::test]
+async fn a_write_from_a_client_that_names_no_manager_is_recorded_without_one() {
+    let c = cluster().await;
+    let api: Api<ConfigMap> = Api::default_namespaced(c.client());
+    let created = create_cm(
+        &api,
+        json!({"metadata": {"name": "anonymous"}, "data": {"a": "1"}}),
+    )
+    .await;
+    let entry = created
+        .managed_fields()
+        .first()
+        .cloned()
+        .expect("managedFields");
+    assert_eq!(
+        (entry.manager, entry.operation.as_deref()),
+        (None, Some("Update"))
+    );
+    assert_eq!(
+        entry.fields_v1.expect("fieldsV1").0,
+        json!({"f:data": {".": {}, "f:a": {}}})
+    );
+}

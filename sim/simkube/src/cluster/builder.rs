@@ -345,9 +345,7 @@ impl ClusterBuilder {
         cluster.serve(listener);
         let mut handles = Vec::new();
         if self.controllers.any() {
-            let client = cluster
-                .client_with_token(cluster.admin_token())
-                .map_err(Error::Client)?;
+            let client = cluster.controller_client().map_err(Error::Client)?;
             handles.extend(crate::controllers::spawn(
                 &self.controllers,
                 &self.controller_settings,

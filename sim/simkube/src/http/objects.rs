@@ -92,8 +92,9 @@ struct Ctx<'a> {
     query: Query,
     repr: Repr,
     attrs: &'a RequestAttributes,
-    /// Who writes, for `managedFields`: `fieldManager`, else the User-Agent's program name.
-    manager: Option<String>,
+    /// Who writes, for `managedFields`: `fieldManager`, else the User-Agent's program name,
+    /// else nobody named (upstream still records the write, under an empty manager).
+    manager: String,
     /// For writes of RBAC objects under enforced RBAC: the view escalation checks use.
     escalation_view: Option<Arc<auth::RbacView>>,
     /// Which pass of a write admission webhooks concern (`Direct` when none does).
@@ -219,9 +220,9 @@ pub(super) async fn serve(
                 .get(header::USER_AGENT)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|ua| ua.split('/').next())
-                .filter(|p| !p.is_empty())
-                .map(|p| p.chars().take(128).collect())
-        });
+                .map(|p| p.chars().filter(|c| !c.is_control()).take(128).collect())
+        })
+        .unwrap_or_default();
     let escalation_view = (state.config.rbac
         && rt.group == auth::RBAC_GROUP
         && !matches!(*req.method(), Method::GET | Method::DELETE))

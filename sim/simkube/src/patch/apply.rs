@@ -12,7 +12,9 @@
 //!   with one `FieldManagerConflict` cause per path, unless `force`, which moves ownership.
 //!   Fields whose value does not change become shared.
 //! - Updates (PUT, non-apply PATCH, create) make their manager own what they changed or added;
-//!   other managers lose what they changed or removed.
+//!   other managers lose what they changed or removed. `managedFields: []` or `[{}]` in an
+//!   update clears them, and an existing object without managed fields stays without through
+//!   updates: only a create or an apply starts tracking again.
 //! - `apiVersion`, `kind` and the server-set metadata fields are never owned; `.status` is not
 //!   owned, merged or compared through the main resource of a type with a status subresource,
 //!   nor `.spec` through `/status`, so those never conflict.
@@ -314,7 +316,8 @@ fn record_update(
 /// added, and other managers lose what it changed or removed.
 ///
 /// The managed fields start from `new`'s own when the client sent a non-empty list (`[]` or
-/// `[{}]` resets them), otherwise from `old`'s, as the real server does.
+/// `[{}]` resets them), otherwise from `old`'s, as the real server does; an update that
+/// starts from none records nothing (only a create does).
 pub fn update_managed_fields(
     old: Option<&Value>,
     new: &mut Value,
@@ -365,8 +368,15 @@ pub fn update_managed_fields_with(
         }
     };
 
-    let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
     let new_obj = without_managed_fields(new);
+    if entries.is_empty() && old.is_some() {
+        // An existing object nobody manages (its fields were cleared, or it predates
+        // tracking) stays untracked through updates until an apply, as upstream's
+        // skip-non-applied manager keeps it: only a create starts tracking.
+        *new = new_obj;
+        return;
+    }
+    let old_obj = old.map_or_else(|| json!({}), without_managed_fields);
     let write = Write {
         manager,
         operation,

@@ -40,18 +40,16 @@ pub(super) fn create(
                 if let Some(view) = &ctx.escalation_view {
                     auth::check_escalation(view, &ctx.attrs.user, &rt.kind, &candidate, &ns)?;
                 }
-                if let Some(manager) = &ctx.manager {
-                    let now = crate::timefmt::now_rfc3339();
-                    patch::update_managed_fields_with(
-                        None,
-                        &mut candidate,
-                        manager,
-                        "Update",
-                        &now,
-                        Some(&rt),
-                        None,
-                    );
-                }
+                let now = crate::timefmt::now_rfc3339();
+                patch::update_managed_fields_with(
+                    None,
+                    &mut candidate,
+                    &ctx.manager,
+                    "Update",
+                    &now,
+                    Some(&rt),
+                    None,
+                );
                 ctx.validation_point(None, &mut candidate)?;
                 let (ns, name) = obj_key(&candidate);
                 if txn.get(&k, &ns, &name).is_some() {
@@ -160,13 +158,13 @@ pub(super) fn write_update(
             }
         }
     }
-    if record_manager && let Some(manager) = &ctx.manager {
+    if record_manager {
         let now = crate::timefmt::now_rfc3339();
         let sub = sub.filter(|s| *s == "status");
         patch::update_managed_fields_with(
             Some(old),
             &mut new,
-            manager,
+            &ctx.manager,
             "Update",
             &now,
             Some(rt),

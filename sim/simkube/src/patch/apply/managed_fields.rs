@@ -43,7 +43,9 @@ impl Entry {
     /// The identifier upstream sorts conflicting managers by.
     pub(super) fn identity(&self) -> String {
         let mut m = Map::new();
-        m.insert("manager".into(), json!(self.manager));
+        if !self.manager.is_empty() {
+            m.insert("manager".into(), json!(self.manager));
+        }
         m.insert("operation".into(), json!(self.operation));
         if self.operation != "Apply" {
             m.insert("apiVersion".into(), json!(self.api_version));
@@ -56,7 +58,10 @@ impl Entry {
 
     pub(super) fn encode(&self) -> Value {
         let mut m = Map::new();
-        m.insert("manager".into(), json!(self.manager));
+        // Upstream leaves an empty manager out (`omitempty`).
+        if !self.manager.is_empty() {
+            m.insert("manager".into(), json!(self.manager));
+        }
         m.insert("operation".into(), json!(self.operation));
         m.insert("apiVersion".into(), json!(self.api_version));
         if let Some(t) = &self.time {

@@ -346,11 +346,33 @@ fn update_keeps_managed_fields_the_client_did_not_send_and_resets_on_request() {
         entry(&put, "writer").unwrap()["fieldsV1"],
         json!({"f:data": {"f:b": {}}})
     );
-    // managedFields: [{}] resets them; the writer then owns only what it changed
-    let mut reset = cm(json!({"a": "1", "b": "2"}));
+    // managedFields: [{}] resets them, and the write that clears them is not recorded even
+    // though it changes a field
+    let mut reset = cm(json!({"a": "1", "b": "3"}));
     reset["metadata"]["managedFields"] = json!([{}]);
     update_managed_fields(Some(&put), &mut reset, "writer", "Update", T1);
     assert!(reset["metadata"].get("managedFields").is_none(), "{reset}");
+    // nor is a later update of the untracked object, of the main resource or of a subresource
+    let mut later = cm(json!({"a": "2", "b": "3"}));
+    update_managed_fields(Some(&reset), &mut later, "other", "Update", T1);
+    assert!(later["metadata"].get("managedFields").is_none(), "{later}");
+    let rt = builtin("", "ConfigMap");
+    let mut sub = cm(json!({"a": "2", "b": "3"}));
+    update_managed_fields_with(
+        Some(&later),
+        &mut sub,
+        "k",
+        "Update",
+        T1,
+        Some(&rt),
+        Some("status"),
+    );
+    assert!(sub["metadata"].get("managedFields").is_none(), "{sub}");
+    // a create is recorded whatever the client sent
+    let mut created = cm(json!({"a": "1"}));
+    created["metadata"]["managedFields"] = json!([{}]);
+    update_managed_fields(None, &mut created, "creator", "Update", T0);
+    assert!(entry(&created, "creator").is_some(), "{created}");
 }
 
 #[test]
@@ -726,8 +748,9 @@ fn more_than_ten_updaters_fold_into_ancient_changes() {
     for i in 0..12 {
         let mut next = obj.clone();
         next["data"][format!("k{i}")] = json!("v");
+        // The first write creates the object: an update would not start tracking it.
         update_managed_fields(
-            Some(&obj),
+            (i > 0).then_some(&obj),
             &mut next,
             &format!("writer-{i:02}"),
             "Update",
@@ -745,7 +768,7 @@ fn more_than_ten_updaters_fold_into_ancient_changes() {
     let ancient = entry(&obj, "ancient-changes").unwrap();
     assert_eq!(
         ancient["fieldsV1"],
-        json!({"f:data": {"f:k0": {}, "f:k1": {}, "f:k2": {}}})
+        json!({"f:data": {".": {}, "f:k0": {}, "f:k1": {}, "f:k2": {}}})
     );
     assert_eq!(ancient["time"], "2026-01-01T00:00:02Z");
 }
