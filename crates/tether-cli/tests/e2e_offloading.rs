@@ -437,6 +437,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         ),
         ""
     );
+    labels_follow_an_offloaded_pod(a, b, &twin, &pods_of(a, "shop", "echo")[0]);
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
     consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
     for p in pods_of(a, "shop", "echo") {
@@ -637,6 +638,33 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
 /// An offloaded pod reaches the consumer's API server as `kubernetes.default`, through the
 /// tunnel to the address the consumer's gateway publishes, with a token of its own
 /// ServiceAccount; the consumer's RBAC decides what it may do.
+/// The mark of a report cleared the ShadowPod's managed fields, which would otherwise cross
+/// the link with every report; a label added to and then taken off the offloaded pod still
+/// comes and goes on its ShadowPod, though the consumer's apply no longer owns the labels it
+/// wrote before.
+fn labels_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
+    assert_eq!(
+        b.jsonpath(&["shadowpod", "-n", twin, pod], "{.metadata.managedFields}"),
+        "",
+        "a reported ShadowPod keeps no managed fields"
+    );
+    let tier = || b.jsonpath(&["shadowpod", "-n", twin, pod], "{.metadata.labels.tier}");
+    a.kubectl(&["label", "pod", "-n", "shop", pod, "tier=front"])
+        .ok();
+    a.wait(
+        "the added label on the ShadowPod",
+        Duration::from_secs(30),
+        || tier() == "front",
+    );
+    a.kubectl(&["label", "pod", "-n", "shop", pod, "tier-"])
+        .ok();
+    a.wait(
+        "the removed label gone from the ShadowPod",
+        Duration::from_secs(30),
+        || tier().is_empty(),
+    );
+}
+
 fn consumer_api_from_an_offloaded_pod(a: &Sim, pod: &str) {
     let kc = std::path::Path::new(a.kubeconfig());
     a.apply_as(

@@ -443,6 +443,20 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
                 "writing ShadowPod {twin}/{name} at {}",
                 node.provider
             )))?;
+        let dropped = current
+            .as_ref()
+            .map(|held| dropped_labels(held, &wanted))
+            .unwrap_or_default();
+        if !dropped.is_empty() {
+            let removal = serde_json::json!({"metadata": {"labels": dropped}});
+            remote
+                .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&removal))
+                .await
+                .map_err(Error::kube(format!(
+                    "removing dropped labels of ShadowPod {twin}/{name} at {}",
+                    node.provider
+                )))?;
+        }
         tracing::debug!(pod = %name, namespace = %ns, twin = %twin, "shadow pod written");
         unseen(node).wrote(key, digest, Instant::now());
         ShadowPod {
@@ -493,6 +507,20 @@ fn same_labels(held: &ShadowPod, wanted: &ShadowPod) -> bool {
     let mut labels = held.labels().clone();
     labels.remove(labels::STATUS_REPORTED);
     Some(&labels) == wanted.metadata.labels.as_ref()
+}
+
+/// The labels of the ShadowPod the provider holds (`held`) that the one wanted no longer has
+/// (but the provider's mark), each set to null: a JSON merge patch of them removes them.
+/// The apply cannot: the provider clears the managed fields when it marks a ShadowPod
+/// reported, so the consumer's apply no longer owns, and so no longer prunes, what it wrote
+/// before; and a label someone added at the provider was never its own.
+fn dropped_labels(held: &ShadowPod, wanted: &ShadowPod) -> BTreeMap<String, serde_json::Value> {
+    let keep = wanted.metadata.labels.as_ref();
+    held.labels()
+        .keys()
+        .filter(|k| *k != labels::STATUS_REPORTED && !keep.is_some_and(|w| w.contains_key(*k)))
+        .map(|k| (k.clone(), serde_json::Value::Null))
+        .collect()
 }
 
 fn unseen(node: &Node) -> std::sync::MutexGuard<'_, Unseen> {
@@ -709,9 +737,8 @@ mod tests {
         assert!(unseen.awaiting("shop/c", "d1", false, at(60_001)).is_some());
     }
 
-    #[test]
-    fn the_mark_of_a_report_is_not_a_difference_in_labels() {
-        let sp = |labels: &[(&str, &str)]| ShadowPod {
+    fn sp(labels: &[(&str, &str)]) -> ShadowPod {
+        ShadowPod {
             metadata: ObjectMeta {
                 labels: Some(
                     labels
@@ -726,7 +753,30 @@ mod tests {
                 pod: PodSpec::default(),
             },
             status: None,
-        };
+        }
+    }
+
+    #[test]
+    fn labels_the_pod_dropped_are_removed_by_name_but_the_mark() {
+        let wanted = sp(&[("app", "web"), ("tier", "front")]);
+        let held = sp(&[
+            ("app", "db"),
+            ("old", "x"),
+            ("added-there", "y"),
+            (labels::STATUS_REPORTED, "true"),
+        ]);
+        assert_eq!(
+            serde_json::to_value(dropped_labels(&held, &wanted)).unwrap(),
+            serde_json::json!({"added-there": null, "old": null})
+        );
+        assert!(dropped_labels(&sp(&[("app", "web")]), &wanted).is_empty());
+        let mut none_wanted = sp(&[]);
+        none_wanted.metadata.labels = None;
+        assert_eq!(dropped_labels(&held, &none_wanted).len(), 3);
+    }
+
+    #[test]
+    fn the_mark_of_a_report_is_not_a_difference_in_labels() {
         let wanted = sp(&[("app", "web")]);
         assert!(same_labels(
             &sp(&[("app", "web"), (labels::STATUS_REPORTED, "true")]),
