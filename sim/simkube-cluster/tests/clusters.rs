@@ -398,6 +398,17 @@ spec:
         2,
         "3 replicas spread over both nodes: {nodes}"
     );
+    // Who wrote what, as in a real cluster: the ReplicaSet controller made the pods, their
+    // node's agent reported their status, each under its name.
+    let managers = jsonpath(
+        &kubeconfig,
+        &["get", "pods", "-l", "app=echo"],
+        "{.items[0].metadata.managedFields[*].manager}/{.items[0].metadata.managedFields[*].subresource}",
+    );
+    assert_eq!(
+        managers, "kube-controller-manager kubelet/status",
+        "{managers}"
+    );
     let cluster_ip = jsonpath(
         &kubeconfig,
         &["get", "service", "echo"],

@@ -317,13 +317,18 @@ pub async fn run(args: NodeArgs) -> Result<(), Error> {
             args.kubeconfig.display()
         ))
     })?;
-    let client_config = kube::Config::from_custom_kubeconfig(
+    let mut client_config = kube::Config::from_custom_kubeconfig(
         kubeconfig,
         &kube::config::KubeConfigOptions::default(),
     )
     .await
     .map_err(|e| Error::Config(format!("loading kubeconfig: {e}")))?;
     let api_port = client_config.cluster_url.port_u16().unwrap_or(443);
+    // The part before the `/` names the agent's writes in `managedFields`, as a kubelet's are.
+    client_config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static("kubelet/simkube"),
+    ));
     let client =
         kube::Client::try_from(client_config).map_err(Error::api("building the API client"))?;
     let config = agent_config(&args, exe, api_port)?;
