@@ -635,9 +635,6 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
     );
 }
 
-/// An offloaded pod reaches the consumer's API server as `kubernetes.default`, through the
-/// tunnel to the address the consumer's gateway publishes, with a token of its own
-/// ServiceAccount; the consumer's RBAC decides what it may do.
 /// The mark of a report cleared the ShadowPod's managed fields, which would otherwise cross
 /// the link with every report; a label added to and then taken off the offloaded pod still
 /// comes and goes on its ShadowPod, though the consumer's apply no longer owns the labels it
@@ -665,6 +662,9 @@ fn labels_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
     );
 }
 
+/// An offloaded pod reaches the consumer's API server as `kubernetes.default`, through the
+/// tunnel to the address the consumer's gateway publishes, with a token of its own
+/// ServiceAccount; the consumer's RBAC decides what it may do.
 fn consumer_api_from_an_offloaded_pod(a: &Sim, pod: &str) {
     let kc = std::path::Path::new(a.kubeconfig());
     a.apply_as(

@@ -962,8 +962,9 @@ async fn reject(
 }
 
 /// Writes `next` as the status of `sp`, then marks `sp` reported ([`labels::STATUS_REPORTED`])
-/// and clears its managed fields if it is not marked yet. In that order: the consumer's watch, which selects reported ShadowPods,
-/// first sees one with the status it waits for, not before it has one.
+/// and clears its managed fields if it is not marked yet. In that order: the consumer's
+/// watch, which selects reported ShadowPods, first sees one with the status it waits for,
+/// not before it has one.
 async fn report(octx: &OffCtx, sp: &ShadowPod, next: ShadowPodStatus) -> Result<(), Error> {
     let ns = sp.namespace().unwrap_or_default();
     let name = sp.name_any();
