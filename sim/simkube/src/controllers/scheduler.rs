@@ -902,8 +902,20 @@ impl Scheduler {
         let (binder, assumed) = (self.binder.clone(), self.assumed.clone());
         tokio::spawn(async move {
             let bound = binder.bind(&pod, &node).await;
+            // The slot is the binding's only: the event below goes out as kube-scheduler's
+            // event broadcaster sends it, apart from the binding cycle, so a slow event
+            // write does not hold up the next pod's binding.
             drop(slot);
-            if !bound {
+            if bound {
+                let namespace = pod.namespace().unwrap_or_default();
+                let note = format!(
+                    "Successfully assigned {namespace}/{} to {node}",
+                    pod.name_any()
+                );
+                binder
+                    .event(&pod, EventType::Normal, "Scheduled", note)
+                    .await;
+            } else {
                 // Forgotten: the next pass places it afresh (or finds it gone).
                 assumed.lock().remove(&uid);
             }
@@ -1006,13 +1018,6 @@ impl Binder {
         {
             Ok(_) => {
                 tracing::debug!(pod = %name, %namespace, %node, "bound");
-                self.event(
-                    pod,
-                    EventType::Normal,
-                    "Scheduled",
-                    format!("Successfully assigned {namespace}/{name} to {node}"),
-                )
-                .await;
                 true
             }
             Err(e) if is_status(&e, 409) || is_status(&e, 404) => false,
