@@ -437,6 +437,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         ),
         ""
     );
+    a_pod_slow_at_the_provider_is_shown_waiting(a, b, &twin);
     labels_follow_an_offloaded_pod(a, b, &twin, &pods_of(a, "shop", "echo")[0]);
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
     consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
@@ -632,6 +633,56 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
             "{.metadata.labels.tether\\.dev/offloading-enabled}"
         ),
         ""
+    );
+}
+
+/// A pod the provider runs but that does not get Ready (its readiness probe knocks on a
+/// port nothing listens on) is not reported on for a while; meanwhile the consumer shows it
+/// Pending, waiting for its provider, from a few seconds after its ShadowPod was written.
+fn a_pod_slow_at_the_provider_is_shown_waiting(a: &Sim, b: &Sim, twin: &str) {
+    let kc = std::path::Path::new(a.kubeconfig());
+    a.apply_as(
+        kc,
+        "apiVersion: v1
+kind: Pod
+metadata: {name: slow, namespace: shop}
+spec:
+  containers:
+  - name: echo
+    image: simkube.dev/echo
+    resources: {requests: {cpu: 10m, memory: 8Mi}}
+    readinessProbe: {tcpSocket: {port: 9}, periodSeconds: 1}
+",
+    )
+    .ok();
+    let waiting = format!("waiting for {PROVIDER} to start the pod");
+    a.wait(
+        "the slow pod shown waiting for the provider",
+        Duration::from_secs(25),
+        || a.jsonpath(&["pod", "-n", "shop", "slow"], "{.status.message}") == waiting,
+    );
+    assert_eq!(
+        a.jsonpath(&["pod", "-n", "shop", "slow"], "{.status.phase}"),
+        "Pending"
+    );
+    b.wait(
+        "the slow pod Running at the provider",
+        Duration::from_secs(30),
+        || b.jsonpath(&["pod", "-n", twin, "slow"], "{.status.phase}") == "Running",
+    );
+    assert_eq!(
+        b.jsonpath(
+            &["pod", "-n", twin, "slow"],
+            "{.status.containerStatuses[0].ready}"
+        ),
+        "false"
+    );
+    a.kubectl(&["delete", "pod", "-n", "shop", "slow", "--timeout", "60s"])
+        .ok();
+    b.wait(
+        "the slow pod gone from the provider",
+        Duration::from_secs(30),
+        || b.kubectl(&["get", "pod", "-n", twin, "slow"]).code != 0,
     );
 }
 
