@@ -91,10 +91,18 @@ impl Seen {
 
     /// Per pod, from first seen to first seen Ready, in seconds, sorted.
     fn start_times(&self) -> Vec<f64> {
-        let mut v: Vec<f64> = self
-            .ready
+        self.since_created(&self.ready)
+    }
+
+    /// Per pod, from first seen to first seen bound to a node, in seconds, sorted.
+    fn bind_times(&self) -> Vec<f64> {
+        self.since_created(&self.bound)
+    }
+
+    fn since_created(&self, at: &HashMap<String, Instant>) -> Vec<f64> {
+        let mut v: Vec<f64> = at
             .iter()
-            .filter_map(|(p, r)| Some(secs(*self.created.get(p)?, *r)))
+            .filter_map(|(p, t)| Some(secs(*self.created.get(p)?, *t)))
             .collect();
         v.sort_by(f64::total_cmp);
         v
@@ -280,11 +288,18 @@ fn burst(
     }
 }
 
-/// Waits until the machine is quiet (under 10% busy for two seconds in a row, at most
-/// `limit`), so a burst does not pay for what the one before left behind: a deleted burst's
-/// pods take their processes and network namespaces down after the API has forgotten them.
+/// Waits until the machine is quiet (its dirty pages written out, then under 10% busy for
+/// two seconds in a row, at most `limit`), so a burst does not pay for what the one before
+/// left behind: a deleted burst's pods take their processes and network namespaces down
+/// after the API has forgotten them, and the files a burst wrote reach the disk some 30 s
+/// later, in the kernel's writeback, unless they are synced first.
 fn quiet(label: &str, limit: Duration) -> Result {
     let start = Instant::now();
+    let out = std::process::Command::new("sync")
+        .output()
+        .map_err(|e| format!("running sync: {e}"))?;
+    common::ok(&out, "sync")?;
+    let synced = start.elapsed();
     let mut calm = 0;
     let mut last = machine_ticks()?;
     while calm < 2 {
@@ -299,8 +314,9 @@ fn quiet(label: &str, limit: Duration) -> Result {
         last = now;
     }
     eprintln!(
-        "{label}: the machine was quiet after {:.0}s",
-        start.elapsed().as_secs_f64()
+        "{label}: the machine was quiet after {:.0}s (sync took {:.1}s)",
+        start.elapsed().as_secs_f64(),
+        synced.as_secs_f64()
     );
     Ok(())
 }
@@ -433,8 +449,9 @@ struct Row {
     /// Where the CPU went during the plain and the offloaded burst.
     plain_cpu: CpuUse,
     offloaded_cpu: CpuUse,
-    /// Per pod in the plain cluster: first seen to Ready.
+    /// Per pod in the plain cluster: first seen to Ready, and to bound to a node.
     plain_start: Vec<f64>,
+    plain_bound: Vec<f64>,
     unmatched: usize,
     /// The idle window again with the consumer's controller stopped (the last size only).
     frozen: Option<Idle>,
@@ -717,7 +734,7 @@ fn run() -> Result {
         let mark = CpuMark::now(&tags)?;
         let (_, plain_took) = burst(&rt, &bc, &plain_pods, &name, n, "plain")?;
         let plain_cpu = mark.since(&tags)?;
-        let plain_start = plain_pods.with(|s| s.start_times());
+        let (plain_start, plain_bound) = plain_pods.with(|s| (s.start_times(), s.bind_times()));
         delete(&plain, &name)?;
         plain_pods.wait_empty("the plain burst's pods gone", Duration::from_secs(300))?;
 
@@ -736,13 +753,7 @@ fn run() -> Result {
         let provider_last = remote_ready.values().max().copied();
         let (mut lags, mut to_provider, mut provider_start, mut unmatched) =
             (Vec::new(), Vec::new(), Vec::new(), 0);
-        let mut to_bound = consumer_pods.with(|s| {
-            s.bound
-                .iter()
-                .filter_map(|(p, b)| Some(secs(*s.created.get(p)?, *b)))
-                .collect::<Vec<_>>()
-        });
-        to_bound.sort_by(f64::total_cmp);
+        let to_bound = consumer_pods.with(|s| s.bind_times());
         consumer_pods.with(|s| {
             for (pod, here) in &s.ready {
                 match (remote_created.get(pod), remote_ready.get(pod)) {
@@ -800,6 +811,7 @@ fn run() -> Result {
             plain_cpu,
             offloaded_cpu,
             plain_start,
+            plain_bound,
             unmatched,
             frozen,
             rss_ready_kib: rss_ready,
@@ -900,6 +912,10 @@ fn report(nodes: u8, cores: &Cores, idle0: &Idle, rss0: (u64, u64), rows: &[Row]
         println!(
             "  per pod: consumer create seen -> bound to the virtual node {}",
             p50_max(&r.to_bound)
+        );
+        println!(
+            "  per pod: plain cluster, pod seen -> bound to a node {}",
+            p50_max(&r.plain_bound)
         );
         println!("  CPU, plain burst: {}", r.plain_cpu);
         println!("  CPU, offloaded burst: {}", r.offloaded_cpu);
