@@ -300,6 +300,14 @@ pub fn plan(ds: &DaemonSet, nodes: &[Node], owned: &[Pod], hash: &str, now: Time
         if budget == 0 {
             budget = 1;
         }
+        // A node that should run a daemon but has no pod at all (its old one already gone, the
+        // new one not yet created) is unavailable too, as upstream's `updatedDesiredNodeCounts`
+        // counts it; otherwise a pass in that gap would take a second node down.
+        for (node, run) in &should_run_on {
+            if *run {
+                by_node.entry(node.clone()).or_default();
+            }
+        }
         out.delete
             .extend(rolling_deletions(&by_node, hash, min_ready, now, budget));
     }

@@ -270,6 +270,19 @@ fn rolling_update_replaces_one_node_at_a_time() {
             desired 3 current 3 misscheduled 0 ready 3 updated Some(0) available Some(3) unavailable Some(0) observed Some(2)
         "#]],
     );
+    // a1 is gone before a's new pod is seen: an empty node counts as unavailable, so nothing
+    // else goes.
+    check(
+        &ds(json!({})),
+        &nodes,
+        &step2[1..],
+        expect![[r#"
+            create ["a"]
+            delete []
+            force []
+            desired 3 current 2 misscheduled 0 ready 2 updated Some(0) available Some(2) unavailable Some(1) observed Some(2)
+        "#]],
+    );
     // a's new pod exists but is not ready: the budget is spent.
     let step3 = [
         pod("a2", "a", "new", unready()),
