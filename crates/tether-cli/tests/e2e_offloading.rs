@@ -438,7 +438,7 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         ""
     );
     a_pod_slow_at_the_provider_is_shown_waiting(a, b, &twin);
-    labels_follow_an_offloaded_pod(a, b, &twin, &pods_of(a, "shop", "echo")[0]);
+    labels_and_image_follow_an_offloaded_pod(a, b, &twin, &pods_of(a, "shop", "echo")[0]);
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
     consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
     for p in pods_of(a, "shop", "echo") {
@@ -689,27 +689,58 @@ spec:
 /// The mark of a report cleared the ShadowPod's managed fields, which would otherwise cross
 /// the link with every report; a label added to and then taken off the offloaded pod still
 /// comes and goes on its ShadowPod, though the consumer's apply no longer owns the labels it
-/// wrote before.
-fn labels_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
+/// wrote before, and on the provider's running Pod, where a label added by someone there
+/// stays. A new image reaches the running Pod too.
+fn labels_and_image_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
     assert_eq!(
         b.jsonpath(&["shadowpod", "-n", twin, pod], "{.metadata.managedFields}"),
         "",
         "a reported ShadowPod keeps no managed fields"
     );
-    let tier = || b.jsonpath(&["shadowpod", "-n", twin, pod], "{.metadata.labels.tier}");
+    let label = |kind: &str, key: &str| {
+        b.jsonpath(
+            &[kind, "-n", twin, pod],
+            &format!("{{.metadata.labels.{key}}}"),
+        )
+    };
+    b.kubectl(&["label", "pod", "-n", twin, pod, "audit=kept"])
+        .ok();
     a.kubectl(&["label", "pod", "-n", "shop", pod, "tier=front"])
         .ok();
     a.wait(
-        "the added label on the ShadowPod",
+        "the added label on the ShadowPod and its Pod",
         Duration::from_secs(30),
-        || tier() == "front",
+        || label("shadowpod", "tier") == "front" && label("pod", "tier") == "front",
     );
     a.kubectl(&["label", "pod", "-n", "shop", pod, "tier-"])
         .ok();
     a.wait(
-        "the removed label gone from the ShadowPod",
+        "the removed label gone from the ShadowPod and its Pod",
         Duration::from_secs(30),
-        || tier().is_empty(),
+        || label("shadowpod", "tier").is_empty() && label("pod", "tier").is_empty(),
+    );
+    assert_eq!(
+        label("pod", "audit"),
+        "kept",
+        "a label added at the provider stays"
+    );
+
+    a.kubectl(&[
+        "set",
+        "image",
+        "-n",
+        "shop",
+        &format!("pod/{pod}"),
+        "echo=simkube.dev/echo:2",
+    ])
+    .ok();
+    a.wait(
+        "the new image on the provider's Pod",
+        Duration::from_secs(30),
+        || {
+            b.jsonpath(&["pod", "-n", twin, pod], "{.spec.containers[0].image}")
+                == "simkube.dev/echo:2"
+        },
     );
 }
 

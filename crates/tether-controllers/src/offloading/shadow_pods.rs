@@ -35,6 +35,11 @@ pub const PHASE_REJECTED: &str = "Rejected";
 /// (images are the one thing an update of a Pod carries).
 pub const SPEC_DIGEST: &str = "tether.dev/shadow-pod-spec";
 
+/// Annotation on a Pod: the keys of the labels it carries from its ShadowPod, comma-separated.
+/// A label the ShadowPod drops is taken off the Pod by it, and one someone added to the Pod
+/// here (a mutating webhook, an admin) is not the ShadowPod's to remove.
+pub const SHADOW_LABELS: &str = "tether.dev/shadow-pod-labels";
+
 /// Rejections that a later look may lift without the ShadowPod changing (the consumer peers
 /// again, an admin makes the tenant active, the other Pod goes).
 const TRANSIENT: [&str; 3] = ["UnknownConsumer", "TenantNotActive", "PodNameTaken"];
@@ -447,21 +452,16 @@ pub fn pod_for(sp: &ShadowPod, consumer_api: Option<Ipv4Addr>) -> Pod {
     if let Some(ip) = consumer_api {
         translate::point_at_consumer_api(&mut spec, ip);
     }
-    let mut l = sp.labels().clone();
-    l.remove(labels::STATUS_REPORTED);
-    l.insert(
-        labels::TETHER_MANAGED_BY.to_owned(),
-        labels::SHADOW_POD.to_owned(),
-    );
+    let l = pod_labels(sp);
     Pod {
         metadata: ObjectMeta {
             name: Some(sp.name_any()),
             namespace: sp.namespace(),
+            annotations: Some(BTreeMap::from([
+                (SPEC_DIGEST.to_owned(), spec_digest(&sp.spec.pod)),
+                (SHADOW_LABELS.to_owned(), label_keys(&l)),
+            ])),
             labels: Some(l),
-            annotations: Some(BTreeMap::from([(
-                SPEC_DIGEST.to_owned(),
-                spec_digest(&sp.spec.pod),
-            )])),
             owner_references: sp.meta().uid.clone().map(|uid| {
                 vec![OwnerReference {
                     api_version: "offloading.tether.dev/v1alpha1".into(),
@@ -477,6 +477,77 @@ pub fn pod_for(sp: &ShadowPod, consumer_api: Option<Ipv4Addr>) -> Pod {
         spec: Some(spec),
         status: None,
     }
+}
+
+/// The labels `sp` gives its Pod: its own but for the mark of its report, and the provider's
+/// marker.
+fn pod_labels(sp: &ShadowPod) -> BTreeMap<String, String> {
+    let mut l = sp.labels().clone();
+    l.remove(labels::STATUS_REPORTED);
+    l.insert(
+        labels::TETHER_MANAGED_BY.to_owned(),
+        labels::SHADOW_POD.to_owned(),
+    );
+    l
+}
+
+fn label_keys(l: &BTreeMap<String, String>) -> String {
+    l.keys().map(String::as_str).collect::<Vec<_>>().join(",")
+}
+
+/// The JSON merge patch that brings the labels of `pod`, running, in line with `sp`'s: labels
+/// set or changed, those it had from `sp` before ([`SHADOW_LABELS`]) and `sp` no longer has
+/// removed, the rest left alone. `None` when nothing differs. A Pod made before the
+/// annotation existed loses nothing, and gets it.
+pub fn label_patch(sp: &ShadowPod, pod: &Pod) -> Option<serde_json::Value> {
+    let want = pod_labels(sp);
+    let have = pod.labels();
+    let carried = pod.annotations().get(SHADOW_LABELS);
+    let mut patch = serde_json::Map::new();
+    for (k, v) in &want {
+        if have.get(k) != Some(v) {
+            patch.insert(k.clone(), v.clone().into());
+        }
+    }
+    for k in carried.into_iter().flat_map(|c| c.split(',')) {
+        if !want.contains_key(k) && have.contains_key(k) {
+            patch.insert(k.to_owned(), serde_json::Value::Null);
+        }
+    }
+    let keys = label_keys(&want);
+    if patch.is_empty() && carried == Some(&keys) {
+        return None;
+    }
+    Some(serde_json::json!({"metadata": {
+        "labels": patch,
+        "annotations": {SHADOW_LABELS: keys},
+    }}))
+}
+
+/// The strategic merge patch that gives the containers of `pod` the images `sp` names (by
+/// container name, init containers too), or `None` when they have them. A patch, not an
+/// update: the controller may patch Pods, and an update would also race the kubelet.
+pub fn image_patch(sp: &ShadowPod, pod: &Pod) -> Option<serde_json::Value> {
+    let want = images(&sp.spec.pod);
+    let spec = pod.spec.as_ref()?;
+    let changed = |list: &[k8s_openapi::api::core::v1::Container]| -> Vec<serde_json::Value> {
+        list.iter()
+            .filter_map(|c| {
+                let image = want.get(&c.name)?;
+                (image != &c.image).then(|| serde_json::json!({"name": c.name, "image": image}))
+            })
+            .collect()
+    };
+    let mut patch = serde_json::Map::new();
+    let init = changed(spec.init_containers.as_deref().unwrap_or_default());
+    if !init.is_empty() {
+        patch.insert("initContainers".into(), init.into());
+    }
+    let main = changed(&spec.containers);
+    if !main.is_empty() {
+        patch.insert("containers".into(), main.into());
+    }
+    (!patch.is_empty()).then(|| serde_json::json!({ "spec": patch }))
 }
 
 /// Where this cluster reaches `consumer`'s API server: the host the consumer's gateway
@@ -687,22 +758,18 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
         }
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let want_images = images(&sp.spec.pod);
-    if pod.spec.as_ref().map(images).as_ref() != Some(&want_images) {
-        let mut next = (*pod).clone();
-        if let Some(spec) = next.spec.as_mut() {
-            for c in spec
-                .init_containers
-                .iter_mut()
-                .flatten()
-                .chain(spec.containers.iter_mut())
-            {
-                if let Some(image) = want_images.get(&c.name) {
-                    c.image.clone_from(image);
-                }
-            }
-        }
-        pods.replace(&name, &PostParams::default(), &next)
+    // The consumer's label changes reach the ShadowPod; selectors here (a Service of the
+    // reflection, a PodDisruptionBudget) read them on the Pod.
+    if let Some(patch) = label_patch(sp, &pod) {
+        pods.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(Error::kube(format!(
+                "updating the labels of Pod {ns}/{name}"
+            )))?;
+    }
+    // Images are the one part of a running Pod's spec an update may change.
+    if let Some(patch) = image_patch(sp, &pod) {
+        pods.patch(&name, &PatchParams::default(), &Patch::Strategic(&patch))
             .await
             .map_err(Error::kube(format!(
                 "updating the images of Pod {ns}/{name}"
@@ -1770,5 +1837,126 @@ mod tests {
             Some(&spec_digest(&sp.spec.pod))
         );
         assert_eq!(pod.spec.as_ref(), Some(&sp.spec.pod));
+    }
+
+    fn shadow(pairs: &[(&str, &str)], pod: PodSpec) -> ShadowPod {
+        ShadowPod {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                namespace: Some("shop-c1".into()),
+                uid: Some("uid-1".into()),
+                labels: Some(
+                    pairs
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                ..Default::default()
+            },
+            spec: tether_api::offloading::ShadowPodSpec {
+                consumer_cluster_id: "c1".into(),
+                pod,
+            },
+            status: None,
+        }
+    }
+
+    /// `pod` with a JSON merge patch of its metadata applied, as the API server would.
+    fn merged(pod: &Pod, patch: &serde_json::Value) -> Pod {
+        let mut meta = serde_json::to_value(&pod.metadata).expect("metadata");
+        for field in ["labels", "annotations"] {
+            for (k, v) in patch["metadata"][field].as_object().into_iter().flatten() {
+                let map = meta[field].as_object_mut().expect("a map");
+                if v.is_null() {
+                    map.remove(k);
+                } else {
+                    map.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        Pod {
+            metadata: serde_json::from_value(meta).expect("metadata"),
+            ..pod.clone()
+        }
+    }
+
+    #[test]
+    fn label_changes_reach_the_running_pod_and_labels_added_here_stay() {
+        let before = shadow(&[("app", "web"), ("tier", "front")], spec("app:v1"));
+        let mut pod = pod_for(&before, None);
+        assert_eq!(label_patch(&before, &pod), None);
+        pod.labels_mut().insert("sidecar".into(), "on".into());
+        assert_eq!(label_patch(&before, &pod), None, "a label added here stays");
+
+        // The consumer changed one, dropped one and added one; the provider marked it.
+        let after = shadow(
+            &[
+                ("app", "shop"),
+                ("canary", "yes"),
+                (labels::STATUS_REPORTED, "true"),
+            ],
+            spec("app:v1"),
+        );
+        let patch = label_patch(&after, &pod).expect("a patch");
+        let keys = format!("app,canary,{}", labels::TETHER_MANAGED_BY);
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {
+                "labels": {"app": "shop", "canary": "yes", "tier": null},
+                "annotations": {SHADOW_LABELS: keys},
+            }})
+        );
+        let pod = merged(&pod, &patch);
+        assert_eq!(
+            label_patch(&after, &pod),
+            None,
+            "once applied, nothing to do"
+        );
+        assert_eq!(
+            pod.labels().keys().map(String::as_str).collect::<Vec<_>>(),
+            ["app", "canary", "sidecar", labels::TETHER_MANAGED_BY]
+        );
+    }
+
+    #[test]
+    fn a_pod_made_before_the_label_keys_were_kept_loses_no_label() {
+        let sp = shadow(&[("app", "web"), ("tier", "front")], spec("app:v1"));
+        let mut pod = pod_for(&sp, None);
+        pod.annotations_mut().remove(SHADOW_LABELS);
+        let now = shadow(&[("app", "web")], spec("app:v1"));
+        let keys = format!("app,{}", labels::TETHER_MANAGED_BY);
+        assert_eq!(
+            label_patch(&now, &pod),
+            Some(serde_json::json!({"metadata": {
+                "labels": {},
+                "annotations": {SHADOW_LABELS: keys},
+            }}))
+        );
+    }
+
+    #[test]
+    fn only_changed_images_are_patched_by_container_name() {
+        let mut two = spec("app:v1");
+        two.init_containers = Some(vec![Container {
+            name: "init".into(),
+            image: Some("setup:v1".into()),
+            ..Default::default()
+        }]);
+        let sp = shadow(&[], two.clone());
+        let pod = pod_for(&sp, None);
+        assert_eq!(image_patch(&sp, &pod), None);
+        two.containers[0].image = Some("app:v2".into());
+        assert_eq!(
+            image_patch(&shadow(&[], two.clone()), &pod),
+            Some(serde_json::json!({"spec": {"containers": [{"name": "app", "image": "app:v2"}]}}))
+        );
+        two.init_containers.as_mut().expect("init")[0].image = Some("setup:v2".into());
+        assert_eq!(
+            image_patch(&shadow(&[], two), &pod),
+            Some(serde_json::json!({"spec": {
+                "initContainers": [{"name": "init", "image": "setup:v2"}],
+                "containers": [{"name": "app", "image": "app:v2"}],
+            }}))
+        );
     }
 }
