@@ -438,7 +438,12 @@ fn offload_a_namespace(a: &Sim, b: &Sim, provider_pid: u32) {
         ""
     );
     a_pod_slow_at_the_provider_is_shown_waiting(a, b, &twin);
-    labels_and_image_follow_an_offloaded_pod(a, b, &twin, &pods_of(a, "shop", "echo")[0]);
+    labels_annotations_and_image_follow_an_offloaded_pod(
+        a,
+        b,
+        &twin,
+        &pods_of(a, "shop", "echo")[0],
+    );
     kubelet_api_of_offloaded_pods(a, &pods_of(a, "shop", "echo")[0]);
     consumer_api_from_an_offloaded_pod(a, &pods_of(a, "shop", "echo")[0]);
     for p in pods_of(a, "shop", "echo") {
@@ -690,8 +695,8 @@ spec:
 /// the link with every report; a label added to and then taken off the offloaded pod still
 /// comes and goes on its ShadowPod, though the consumer's apply no longer owns the labels it
 /// wrote before, and on the provider's running Pod, where a label added by someone there
-/// stays. A new image reaches the running Pod too.
-fn labels_and_image_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
+/// stays. Annotations come and go the same way. A new image reaches the running Pod too.
+fn labels_annotations_and_image_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &str) {
     assert_eq!(
         b.jsonpath(&["shadowpod", "-n", twin, pod], "{.metadata.managedFields}"),
         "",
@@ -723,6 +728,38 @@ fn labels_and_image_follow_an_offloaded_pod(a: &Sim, b: &Sim, twin: &str, pod: &
         label("pod", "audit"),
         "kept",
         "a label added at the provider stays"
+    );
+
+    // Annotations go the same way: the pod's programs read them through the downward API.
+    let annotation = |kind: &str, key: &str| {
+        b.jsonpath(
+            &[kind, "-n", twin, pod],
+            &format!("{{.metadata.annotations.{key}}}"),
+        )
+    };
+    b.kubectl(&["annotate", "pod", "-n", twin, pod, "audited=yes"])
+        .ok();
+    a.kubectl(&["annotate", "pod", "-n", "shop", pod, "owner=team-shop"])
+        .ok();
+    a.wait(
+        "the added annotation on the ShadowPod and its Pod",
+        Duration::from_secs(30),
+        || {
+            annotation("shadowpod", "owner") == "team-shop"
+                && annotation("pod", "owner") == "team-shop"
+        },
+    );
+    a.kubectl(&["annotate", "pod", "-n", "shop", pod, "owner-"])
+        .ok();
+    a.wait(
+        "the removed annotation gone from the ShadowPod and its Pod",
+        Duration::from_secs(30),
+        || annotation("shadowpod", "owner").is_empty() && annotation("pod", "owner").is_empty(),
+    );
+    assert_eq!(
+        annotation("pod", "audited"),
+        "yes",
+        "an annotation added at the provider stays"
     );
 
     a.kubectl(&[

@@ -416,15 +416,7 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
             || watched::pod_spec_digest(c)
                 != Some(shadow_pods::whole_spec_digest(&wanted.spec.pod).as_str())
             || !same_labels(c, &wanted)
-            || c.metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ORIGIN_UID))
-                != wanted
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(ORIGIN_UID))
+            || held_annotations(c) != wanted.annotations().clone()
     });
     let key = format!("{ns}/{name}");
     let digest = shadow_pods::digest(&wanted);
@@ -453,17 +445,18 @@ async fn reflect_one(pod: &Pod, node: &Node) -> Result<Action, Error> {
                 "writing ShadowPod {twin}/{name} at {}",
                 node.provider
             )))?;
-        let dropped = current
+        let (labels, annotations) = current
             .as_ref()
-            .map(|held| dropped_labels(held, &wanted))
+            .map(|held| dropped_metadata(held, &wanted))
             .unwrap_or_default();
-        if !dropped.is_empty() {
-            let removal = serde_json::json!({"metadata": {"labels": dropped}});
+        if !labels.is_empty() || !annotations.is_empty() {
+            let removal =
+                serde_json::json!({"metadata": {"labels": labels, "annotations": annotations}});
             remote
                 .patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&removal))
                 .await
                 .map_err(Error::kube(format!(
-                    "removing dropped labels of ShadowPod {twin}/{name} at {}",
+                    "removing dropped labels and annotations of ShadowPod {twin}/{name} at {}",
                     node.provider
                 )))?;
         }
@@ -516,18 +509,39 @@ fn same_labels(held: &ShadowPod, wanted: &ShadowPod) -> bool {
     Some(&labels) == wanted.metadata.labels.as_ref()
 }
 
-/// The labels of the ShadowPod the provider holds (`held`) that the one wanted no longer has
-/// (but the provider's mark), each set to null: a JSON merge patch of them removes them.
-/// The apply cannot: the provider clears the managed fields when it marks a ShadowPod
-/// reported, so the consumer's apply no longer owns, and so no longer prunes, what it wrote
-/// before; and a label someone added at the provider was never its own.
-fn dropped_labels(held: &ShadowPod, wanted: &ShadowPod) -> BTreeMap<String, serde_json::Value> {
-    let keep = wanted.metadata.labels.as_ref();
-    held.labels()
+/// The annotations of the ShadowPod the provider holds (`held`) as the provider has them: the
+/// watched copy also carries what its watch stashed there ([`watched::POD_SPEC_DIGEST`],
+/// [`watched::POD_STATUS`]).
+fn held_annotations(held: &ShadowPod) -> BTreeMap<String, String> {
+    let mut a = held.annotations().clone();
+    a.remove(watched::POD_SPEC_DIGEST);
+    a.remove(watched::POD_STATUS);
+    a
+}
+
+/// The labels (but the provider's mark) and annotations of the ShadowPod the provider holds
+/// (`held`) that the one wanted no longer has, each set to null: a JSON merge patch of them
+/// removes them. The apply cannot: the provider clears the managed fields when it marks a
+/// ShadowPod reported, so the consumer's apply no longer owns, and so no longer prunes, what
+/// it wrote before; and what someone added at the provider was never its own.
+type Dropped = BTreeMap<String, serde_json::Value>;
+fn dropped_metadata(held: &ShadowPod, wanted: &ShadowPod) -> (Dropped, Dropped) {
+    let gone = |have: Vec<&String>, keep: &BTreeMap<String, String>| -> Dropped {
+        have.into_iter()
+            .filter(|k| !keep.contains_key(*k))
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect()
+    };
+    let labels = held
+        .labels()
         .keys()
-        .filter(|k| *k != labels::STATUS_REPORTED && !keep.is_some_and(|w| w.contains_key(*k)))
-        .map(|k| (k.clone(), serde_json::Value::Null))
-        .collect()
+        .filter(|k| *k != labels::STATUS_REPORTED)
+        .collect();
+    let annotations = held_annotations(held);
+    (
+        gone(labels, wanted.labels()),
+        gone(annotations.keys().collect(), wanted.annotations()),
+    )
 }
 
 fn unseen(node: &Node) -> std::sync::MutexGuard<'_, Unseen> {
@@ -544,16 +558,15 @@ fn shadow_pod(
 ) -> ShadowPod {
     let mut lbls = pod.labels().clone();
     lbls.insert(labels::VIRTUAL_NODE.to_owned(), node.name.clone());
-    let annotations = pod
-        .metadata
-        .uid
-        .clone()
-        .map(|uid| BTreeMap::from([(ORIGIN_UID.to_owned(), uid)]));
+    let mut annotations = translate::shadow_annotations(pod.annotations());
+    if let Some(uid) = pod.metadata.uid.clone() {
+        annotations.insert(ORIGIN_UID.to_owned(), uid);
+    }
     ShadowPod {
         metadata: kube::api::ObjectMeta {
             name: Some(pod.name_any()),
             labels: Some(lbls),
-            annotations,
+            annotations: (!annotations.is_empty()).then_some(annotations),
             ..Default::default()
         },
         spec: ShadowPodSpec {
@@ -778,14 +791,38 @@ mod tests {
             ("added-there", "y"),
             (labels::STATUS_REPORTED, "true"),
         ]);
+        let labels = |h: &ShadowPod, w: &ShadowPod| dropped_metadata(h, w).0;
         assert_eq!(
-            serde_json::to_value(dropped_labels(&held, &wanted)).unwrap(),
+            serde_json::to_value(labels(&held, &wanted)).unwrap(),
             serde_json::json!({"added-there": null, "old": null})
         );
-        assert!(dropped_labels(&sp(&[("app", "web")]), &wanted).is_empty());
+        assert!(labels(&sp(&[("app", "web")]), &wanted).is_empty());
         let mut none_wanted = sp(&[]);
         none_wanted.metadata.labels = None;
-        assert_eq!(dropped_labels(&held, &none_wanted).len(), 3);
+        assert_eq!(labels(&held, &none_wanted).len(), 3);
+    }
+
+    #[test]
+    fn annotations_are_compared_and_dropped_as_the_provider_holds_them() {
+        let mut wanted = sp(&[]);
+        wanted.metadata.annotations = Some(BTreeMap::from([
+            (ORIGIN_UID.to_owned(), "u-1".to_owned()),
+            ("team".to_owned(), "shop".to_owned()),
+        ]));
+        // The watched copy: what the provider holds, plus what the watch stashed on it.
+        let mut held = wanted.clone();
+        let a = held.annotations_mut();
+        a.insert(watched::POD_SPEC_DIGEST.into(), "d".into());
+        a.insert(watched::POD_STATUS.into(), "{}".into());
+        assert_eq!(&held_annotations(&held), wanted.annotations());
+        assert!(dropped_metadata(&held, &wanted).1.is_empty());
+
+        held.annotations_mut().insert("old".into(), "x".into());
+        assert_ne!(&held_annotations(&held), wanted.annotations());
+        assert_eq!(
+            serde_json::to_value(dropped_metadata(&held, &wanted).1).unwrap(),
+            serde_json::json!({"old": null})
+        );
     }
 
     #[test]

@@ -40,6 +40,10 @@ pub const SPEC_DIGEST: &str = "tether.dev/shadow-pod-spec";
 /// here (a mutating webhook, an admin) is not the ShadowPod's to remove.
 pub const SHADOW_LABELS: &str = "tether.dev/shadow-pod-labels";
 
+/// Annotation on a Pod: the keys of the annotations it carries from its ShadowPod,
+/// comma-separated, as [`SHADOW_LABELS`] for labels. Absent when it carries none.
+pub const SHADOW_ANNOTATIONS: &str = "tether.dev/shadow-pod-annotations";
+
 /// Rejections that a later look may lift without the ShadowPod changing (the consumer peers
 /// again, an admin makes the tenant active, the other Pod goes).
 const TRANSIENT: [&str; 3] = ["UnknownConsumer", "TenantNotActive", "PodNameTaken"];
@@ -444,23 +448,26 @@ fn images(spec: &PodSpec) -> BTreeMap<String, Option<String>> {
 }
 
 /// The Pod for `sp`: same name and namespace, its labels (but for the mark of its report)
-/// plus the provider's marker, owned by it, with the spec it carries, pointed at the
-/// consumer's API server where this cluster reaches it (`consumer_api`, see
-/// [`translate::point_at_consumer_api`]).
+/// plus the provider's marker and its annotations (but Tether's own), owned by it, with the
+/// spec it carries, pointed at the consumer's API server where this cluster reaches it
+/// (`consumer_api`, see [`translate::point_at_consumer_api`]).
 pub fn pod_for(sp: &ShadowPod, consumer_api: Option<Ipv4Addr>) -> Pod {
     let mut spec = sp.spec.pod.clone();
     if let Some(ip) = consumer_api {
         translate::point_at_consumer_api(&mut spec, ip);
     }
     let l = pod_labels(sp);
+    let mut a = pod_annotations(sp);
+    if !a.is_empty() {
+        a.insert(SHADOW_ANNOTATIONS.to_owned(), keys_of(&a));
+    }
+    a.insert(SPEC_DIGEST.to_owned(), spec_digest(&sp.spec.pod));
+    a.insert(SHADOW_LABELS.to_owned(), keys_of(&l));
     Pod {
         metadata: ObjectMeta {
             name: Some(sp.name_any()),
             namespace: sp.namespace(),
-            annotations: Some(BTreeMap::from([
-                (SPEC_DIGEST.to_owned(), spec_digest(&sp.spec.pod)),
-                (SHADOW_LABELS.to_owned(), label_keys(&l)),
-            ])),
+            annotations: Some(a),
             labels: Some(l),
             owner_references: sp.meta().uid.clone().map(|uid| {
                 vec![OwnerReference {
@@ -491,20 +498,53 @@ fn pod_labels(sp: &ShadowPod) -> BTreeMap<String, String> {
     l
 }
 
-fn label_keys(l: &BTreeMap<String, String>) -> String {
-    l.keys().map(String::as_str).collect::<Vec<_>>().join(",")
+/// The annotations `sp` gives its Pod: its own but Tether's ([`translate::is_tethers`]:
+/// the consumer's origin, and what a watch stashes on its copy).
+fn pod_annotations(sp: &ShadowPod) -> BTreeMap<String, String> {
+    let mut a = sp.annotations().clone();
+    a.retain(|k, _| !translate::is_tethers(k));
+    a
 }
 
-/// The JSON merge patch that brings the labels of `pod`, running, in line with `sp`'s: labels
-/// set or changed, those it had from `sp` before ([`SHADOW_LABELS`]) and `sp` no longer has
-/// removed, the rest left alone. `None` when nothing differs. A Pod made before the
-/// annotation existed loses nothing, and gets it.
-pub fn label_patch(sp: &ShadowPod, pod: &Pod) -> Option<serde_json::Value> {
-    let want = pod_labels(sp);
-    let have = pod.labels();
-    let carried = pod.annotations().get(SHADOW_LABELS);
+fn keys_of(m: &BTreeMap<String, String>) -> String {
+    m.keys().map(String::as_str).collect::<Vec<_>>().join(",")
+}
+
+/// The JSON merge patch that brings the labels and annotations of `pod`, running, in line
+/// with `sp`'s: those set or changed, those it had from `sp` before ([`SHADOW_LABELS`],
+/// [`SHADOW_ANNOTATIONS`]) and `sp` no longer has removed, the rest left alone. `None` when
+/// nothing differs. A Pod made before the key annotations existed loses nothing, and gets
+/// them.
+pub fn metadata_patch(sp: &ShadowPod, pod: &Pod) -> Option<serde_json::Value> {
+    let labels = pod_labels(sp);
+    let annotations = pod_annotations(sp);
+    let (label_changes, label_keys) = map_patch(&labels, pod.labels(), pod, SHADOW_LABELS);
+    let (mut changes, keys) = map_patch(&annotations, pod.annotations(), pod, SHADOW_ANNOTATIONS);
+    if label_keys.is_none() && keys.is_none() && label_changes.is_empty() && changes.is_empty() {
+        return None;
+    }
+    changes.extend(label_keys.map(|k| (SHADOW_LABELS.to_owned(), k)));
+    changes.extend(keys.map(|k| (SHADOW_ANNOTATIONS.to_owned(), k)));
+    Some(serde_json::json!({"metadata": {
+        "labels": label_changes,
+        "annotations": changes,
+    }}))
+}
+
+/// The merge patch of one map of `pod` (`have`) to `want`, and the new value of the key
+/// annotation `keys` (`Some(null)` to remove it) if it changes.
+fn map_patch(
+    want: &BTreeMap<String, String>,
+    have: &BTreeMap<String, String>,
+    pod: &Pod,
+    keys: &str,
+) -> (
+    serde_json::Map<String, serde_json::Value>,
+    Option<serde_json::Value>,
+) {
+    let carried = pod.annotations().get(keys);
     let mut patch = serde_json::Map::new();
-    for (k, v) in &want {
+    for (k, v) in want {
         if have.get(k) != Some(v) {
             patch.insert(k.clone(), v.clone().into());
         }
@@ -514,14 +554,10 @@ pub fn label_patch(sp: &ShadowPod, pod: &Pod) -> Option<serde_json::Value> {
             patch.insert(k.to_owned(), serde_json::Value::Null);
         }
     }
-    let keys = label_keys(&want);
-    if patch.is_empty() && carried == Some(&keys) {
-        return None;
-    }
-    Some(serde_json::json!({"metadata": {
-        "labels": patch,
-        "annotations": {SHADOW_LABELS: keys},
-    }}))
+    let now = (!want.is_empty()).then(|| keys_of(want));
+    let changed =
+        (carried != now.as_ref()).then(|| now.map_or(serde_json::Value::Null, Into::into));
+    (patch, changed)
 }
 
 /// The strategic merge patch that gives the containers of `pod` the images `sp` names (by
@@ -758,13 +794,14 @@ async fn sync(sp: &ShadowPod, octx: &OffCtx) -> Result<Action, Error> {
         }
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    // The consumer's label changes reach the ShadowPod; selectors here (a Service of the
-    // reflection, a PodDisruptionBudget) read them on the Pod.
-    if let Some(patch) = label_patch(sp, &pod) {
+    // The consumer's label and annotation changes reach the ShadowPod; selectors here (a
+    // Service of the reflection, a PodDisruptionBudget) read labels on the Pod, and the pod's
+    // programs read both through the downward API.
+    if let Some(patch) = metadata_patch(sp, &pod) {
         pods.patch_metadata(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(Error::kube(format!(
-                "updating the labels of Pod {ns}/{name}"
+                "updating the labels and annotations of Pod {ns}/{name}"
             )))?;
     }
     // Images are the one part of a running Pod's spec an update may change.
@@ -1884,9 +1921,13 @@ mod tests {
     fn label_changes_reach_the_running_pod_and_labels_added_here_stay() {
         let before = shadow(&[("app", "web"), ("tier", "front")], spec("app:v1"));
         let mut pod = pod_for(&before, None);
-        assert_eq!(label_patch(&before, &pod), None);
+        assert_eq!(metadata_patch(&before, &pod), None);
         pod.labels_mut().insert("sidecar".into(), "on".into());
-        assert_eq!(label_patch(&before, &pod), None, "a label added here stays");
+        assert_eq!(
+            metadata_patch(&before, &pod),
+            None,
+            "a label added here stays"
+        );
 
         // The consumer changed one, dropped one and added one; the provider marked it.
         let after = shadow(
@@ -1897,7 +1938,7 @@ mod tests {
             ],
             spec("app:v1"),
         );
-        let patch = label_patch(&after, &pod).expect("a patch");
+        let patch = metadata_patch(&after, &pod).expect("a patch");
         let keys = format!("app,canary,{}", labels::TETHER_MANAGED_BY);
         assert_eq!(
             patch,
@@ -1908,7 +1949,7 @@ mod tests {
         );
         let pod = merged(&pod, &patch);
         assert_eq!(
-            label_patch(&after, &pod),
+            metadata_patch(&after, &pod),
             None,
             "once applied, nothing to do"
         );
@@ -1926,12 +1967,83 @@ mod tests {
         let now = shadow(&[("app", "web")], spec("app:v1"));
         let keys = format!("app,{}", labels::TETHER_MANAGED_BY);
         assert_eq!(
-            label_patch(&now, &pod),
+            metadata_patch(&now, &pod),
             Some(serde_json::json!({"metadata": {
                 "labels": {},
                 "annotations": {SHADOW_LABELS: keys},
             }}))
         );
+    }
+
+    #[test]
+    fn annotation_changes_reach_the_running_pod_and_tethers_own_stay_home() {
+        let mut before = shadow(&[("app", "web")], spec("app:v1"));
+        before.metadata.annotations = Some(BTreeMap::from([
+            ("prometheus.io/port".to_owned(), "9090".to_owned()),
+            ("team".to_owned(), "shop".to_owned()),
+            (super::super::pods::ORIGIN_UID.to_owned(), "u-9".to_owned()),
+        ]));
+        let mut pod = pod_for(&before, None);
+        let carried: Vec<_> = pod.annotations().keys().map(String::as_str).collect();
+        assert_eq!(
+            carried,
+            [
+                "prometheus.io/port",
+                "team",
+                SHADOW_ANNOTATIONS,
+                SHADOW_LABELS,
+                SPEC_DIGEST,
+            ],
+            "the origin UID is the consumer's bookkeeping"
+        );
+        assert_eq!(
+            pod.annotations()
+                .get(SHADOW_ANNOTATIONS)
+                .map(String::as_str),
+            Some("prometheus.io/port,team")
+        );
+        assert_eq!(metadata_patch(&before, &pod), None);
+        pod.annotations_mut()
+            .insert("mesh/injected".into(), "yes".into());
+
+        let mut after = before;
+        let a = after.annotations_mut();
+        a.remove("team");
+        a.insert("prometheus.io/port".into(), "9100".into());
+        let patch = metadata_patch(&after, &pod).expect("a patch");
+        assert_eq!(
+            patch,
+            serde_json::json!({"metadata": {
+                "labels": {},
+                "annotations": {
+                    "prometheus.io/port": "9100",
+                    "team": null,
+                    SHADOW_ANNOTATIONS: "prometheus.io/port",
+                },
+            }})
+        );
+        let pod = merged(&pod, &patch);
+        assert_eq!(
+            metadata_patch(&after, &pod),
+            None,
+            "once applied, nothing to do"
+        );
+        assert_eq!(
+            pod.annotations().get("mesh/injected").map(String::as_str),
+            Some("yes"),
+            "an annotation added here stays"
+        );
+
+        // The last one dropped: the key list goes too.
+        after.annotations_mut().remove("prometheus.io/port");
+        let patch = metadata_patch(&after, &pod).expect("a patch");
+        assert_eq!(
+            patch["metadata"]["annotations"],
+            serde_json::json!({"prometheus.io/port": null, SHADOW_ANNOTATIONS: null})
+        );
+        let pod = merged(&pod, &patch);
+        assert_eq!(metadata_patch(&after, &pod), None);
+        assert_eq!(pod.annotations().get(SHADOW_ANNOTATIONS), None);
     }
 
     #[test]

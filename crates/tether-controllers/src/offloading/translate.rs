@@ -4,6 +4,7 @@
 //! comes back with the provider's pod addresses rewritten into the consumer's view of the
 //! provider's pod CIDR.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
@@ -36,6 +37,27 @@ fn is_token_volume(v: &Volume) -> bool {
                 .flatten()
                 .any(|s| s.service_account_token.is_some())
         })
+}
+
+/// Kept off a ShadowPod: it describes the consumer's object, not the pod that runs, and is
+/// the largest annotation there is.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The annotations of a consumer's pod that its ShadowPod carries to the provider's Pod (what
+/// the pod's own programs read through the downward API, what agents at the provider act
+/// on): all but [`LAST_APPLIED`] and Tether's own (`tether.dev` and its subdomains), which
+/// mean something only where they were written.
+pub fn shadow_annotations(pod: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    pod.iter()
+        .filter(|(k, _)| *k != LAST_APPLIED && !is_tethers(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// Whether an annotation or label key is in Tether's domain.
+pub fn is_tethers(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix == "tether.dev" || prefix.ends_with(".tether.dev"))
 }
 
 /// The pod's ServiceAccount, as its admission defaulted it.
@@ -366,6 +388,26 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_shadow_pod_carries_the_pods_annotations_but_last_applied_and_tethers() {
+        let pod: BTreeMap<String, String> = [
+            ("prometheus.io/scrape", "true"),
+            (LAST_APPLIED, "{}"),
+            ("tether.dev/stored-pod-spec", "{}"),
+            ("offloading.tether.dev/x", "y"),
+            ("nottether.dev/kept", "1"),
+            ("plain", "2"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let carried: Vec<_> = shadow_annotations(&pod).into_keys().collect();
+        assert_eq!(
+            carried,
+            ["nottether.dev/kept", "plain", "prometheus.io/scrape"]
+        );
     }
 
     #[test]

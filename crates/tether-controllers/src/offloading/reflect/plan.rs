@@ -13,7 +13,7 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::ObjectMeta;
 use kube::{Resource, ResourceExt};
 
-use crate::offloading::translate::PodView;
+use crate::offloading::translate::{LAST_APPLIED, PodView};
 
 /// Label on every copy: made by reflection.
 pub const REFLECTED: &str = "tether.dev/reflected";
@@ -36,8 +36,6 @@ pub const KUBE_SLICE_MANAGER: &str = "endpointslice-controller.k8s.io";
 /// The CA bundle every namespace gets from its own cluster.
 const ROOT_CA: &str = "kube-root-ca.crt";
 const TOKEN_SECRET: &str = "kubernetes.io/service-account-token";
-/// Kept out of copies: it describes the consumer's object, and is large.
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// One change in the twin.
 #[derive(Debug, Clone, PartialEq)]
