@@ -211,9 +211,28 @@ fn demo(consumer: &str, provider: &str) -> Result {
         ));
     };
     if remote.is_empty() {
+        // What the scheduler weighs, as it is now: a taint or a Ready that has changed since
+        // would not show in `describe` later.
+        let node = kubectl_output(
+            &kc,
+            &[
+                "get",
+                "node",
+                provider,
+                "-o",
+                "jsonpath=taints {.spec.taints}, Ready {.status.conditions[?(@.type==\"Ready\")]}, allocatable {.status.allocatable}",
+            ],
+        )
+        .unwrap_or_else(|e| e);
+        let placed = pods
+            .iter()
+            .map(|(p, n)| format!("{p} on {n}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         return Err(format!(
-            "no pod of the demo landed on the virtual node {provider}: `kubectl --kubeconfig {kc} \
-             describe node {provider}` and `kubectl --kubeconfig {kc} -n demo get events` say why"
+            "no pod of the demo landed on the virtual node {provider} ({placed}; node {provider}: \
+             {node}): `kubectl --kubeconfig {kc} describe node {provider}` and `kubectl \
+             --kubeconfig {kc} -n demo get events` say why"
         ));
     }
     // The Service, asked from a pod of this cluster, answers from both clusters.
