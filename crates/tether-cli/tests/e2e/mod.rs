@@ -278,17 +278,45 @@ impl Sim {
     }
 
     /// kubectl with another kubeconfig (an issued identity) and this cluster's cache.
+    ///
+    /// An `exec` that lost its output to kubectl's own race is run again (twice at most, each
+    /// time said): kubectl's WebSocket client reads frames from the moment the upgrade is
+    /// answered but creates its streams a moment later, and drops a frame for a stream it has
+    /// not created yet ("Unknown stream id 1, discarding message"), then fails with "closed
+    /// all streams". A command whose output comes at once (an `echo`) can lose it so. The
+    /// commands these tests exec may run twice.
     pub fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> Run {
-        let out = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--cache-dir")
-            .arg(&self.cache)
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .expect("kubectl runs");
-        Run::from(out)
+        let run = || {
+            let out = Command::new("kubectl")
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .arg("--cache-dir")
+                .arg(&self.cache)
+                .args(args)
+                .stdin(Stdio::null())
+                .output()
+                .expect("kubectl runs");
+            Run::from(out)
+        };
+        let mut result = run();
+        for _ in 0..2 {
+            let raced = args
+                .iter()
+                .take_while(|a| **a != "--")
+                .any(|a| *a == "exec")
+                && result.code != 0
+                && ["1", "2", "3"].iter().any(|id| {
+                    result
+                        .stderr
+                        .contains(&format!("Unknown stream id {id}, discarding"))
+                });
+            if !raced {
+                break;
+            }
+            println!("kubectl {args:?} lost its output to kubectl's stream race; running it again");
+            result = run();
+        }
+        result
     }
 
     /// `kubectl apply -f -` of `yaml` with `kubeconfig`.
