@@ -2,7 +2,8 @@
 //! resources add|remove` and the request `tether peer --cpu/--memory/--pods` makes), and
 //! namespaces extended into them (`tether offload|unoffload namespace`). A request is a ResourceSlice in the consumer;
 //! its controller carries it to the provider, and a grant becomes a virtual node. A command
-//! reports success only once the virtual node is Ready, and a refused or failed request is
+//! reports success only once the virtual node is Ready and free of the taints that keep
+//! pods off a node not yet Ready, and a refused or failed request is
 //! rolled back to what was there before.
 
 use std::collections::BTreeMap;
@@ -309,35 +310,19 @@ async fn wait_granted(
             .get_opt(&req.name)
             .await
             .map_err(Error::api(format!("reading Node {}", req.name)))?;
-        let ready = node
-            .as_ref()
-            .and_then(|n| n.status.as_ref())
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
-            .cloned();
-        match &ready {
-            Some(c) if c.status == "True" => break,
-            Some(c) => {
-                let line = c.message.clone().unwrap_or_default();
-                if line != last && !line.is_empty() {
-                    progress.note(&line);
-                    last = line;
-                }
-            }
-            None => {}
+        let Some(line) = not_schedulable(node.as_ref()) else {
+            break;
+        };
+        if line != last {
+            progress.note(&line);
+            last = line;
         }
         if Instant::now() >= deadline {
             progress.failed("timed out");
             return Err(Error::Check(format!(
-                "virtual node {} did not become Ready in time; last state: {}. `kubectl describe \
-                 node {}` says more",
-                req.name,
-                if last.is_empty() {
-                    "not registered"
-                } else {
-                    &last
-                },
-                req.name
+                "virtual node {} did not become Ready in time; last state: {last}. `kubectl \
+                 describe node {}` says more",
+                req.name, req.name
             )));
         }
         tokio::time::sleep(POLL).await;
@@ -346,6 +331,53 @@ async fn wait_granted(
     Ok(Granted {
         node: req.name.clone(),
         resources: shown,
+    })
+}
+
+/// What still keeps pods off `node`, or `None` once the scheduler would place pods there.
+/// Ready is not enough: the node lifecycle controller taints a node it saw NotReady, even
+/// for a moment (a virtual node starts NotReady until its first probe of the provider), and
+/// lifts the taint only on a later pass, seconds after Ready. Until then pods scheduled at
+/// once would all stay in the consumer.
+pub fn not_schedulable(node: Option<&Node>) -> Option<String> {
+    const LIFECYCLE_TAINTS: [&str; 2] = [
+        "node.kubernetes.io/not-ready",
+        "node.kubernetes.io/unreachable",
+    ];
+    let Some(node) = node else {
+        return Some("not registered".to_owned());
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match ready {
+        None => return Some("registered, no Ready condition yet".to_owned()),
+        Some(c) if c.status != "True" => {
+            let message = c.message.as_deref().unwrap_or_default();
+            return Some(if message.is_empty() {
+                format!("Ready={}", c.status)
+            } else {
+                message.to_owned()
+            });
+        }
+        Some(_) => {}
+    }
+    let held: Vec<String> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|t| LIFECYCLE_TAINTS.contains(&t.key.as_str()) && t.effect == "NoSchedule")
+        .map(|t| format!("{}:{}", t.key, t.effect))
+        .collect();
+    (!held.is_empty()).then(|| {
+        format!(
+            "Ready, still tainted {} until the node lifecycle controller's next pass",
+            held.join(", ")
+        )
     })
 }
 
@@ -722,6 +754,55 @@ mod tests {
                 "delta: NamespaceTaken: namespace shop already exists",
                 "epsilon: Unreachable: epsilon-2 is not this provider",
             ]
+        );
+    }
+
+    fn node(ready: Option<(&str, &str)>, taints: &[(&str, &str)]) -> Node {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "beta"},
+            "spec": {"taints": taints.iter().map(|(k, e)| serde_json::json!({"key": k, "effect": e})).collect::<Vec<_>>()},
+            "status": {"conditions": ready.map(|(status, message)| vec![serde_json::json!({
+                "type": "Ready", "status": status, "message": message})]).unwrap_or_default()},
+        }))
+        .expect("a valid Node")
+    }
+
+    #[test]
+    fn a_virtual_node_is_usable_once_ready_and_rid_of_lifecycle_taints() {
+        let own = (names::taints::NOT_ALLOWED, "NoExecute");
+        assert_eq!(not_schedulable(None).as_deref(), Some("not registered"));
+        assert_eq!(
+            not_schedulable(Some(&node(None, &[own]))).as_deref(),
+            Some("registered, no Ready condition yet")
+        );
+        assert_eq!(
+            not_schedulable(Some(&node(Some(("False", "waiting for beta")), &[own]))).as_deref(),
+            Some("waiting for beta")
+        );
+        assert_eq!(
+            not_schedulable(Some(&node(Some(("Unknown", "")), &[]))).as_deref(),
+            Some("Ready=Unknown")
+        );
+        // Ready, but tainted by a pass of the lifecycle controller that saw it NotReady.
+        let tainted = node(
+            Some(("True", "")),
+            &[
+                own,
+                ("node.kubernetes.io/not-ready", "NoSchedule"),
+                ("node.kubernetes.io/not-ready", "NoExecute"),
+            ],
+        );
+        assert_eq!(
+            not_schedulable(Some(&tainted)).as_deref(),
+            Some(
+                "Ready, still tainted node.kubernetes.io/not-ready:NoSchedule until the node \
+                 lifecycle controller's next pass"
+            )
+        );
+        // Tether's own taint is what offloadable pods tolerate; it does not hold the wait.
+        assert_eq!(
+            not_schedulable(Some(&node(Some(("True", "")), &[own]))),
+            None
         );
     }
 }

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Timing;
-use crate::desired::{self, FIELD_MANAGER, Health, Network, NodeSpec, Probes};
+use crate::desired::{self, FIELD_MANAGER, Health, Network, NodeSpec, Probes, ProviderHealth};
 
 /// Exponential back-off for failed writes: short first so that a blip costs little, capped so
 /// that the Lease is still renewed well within its duration.
@@ -64,7 +64,8 @@ pub(crate) struct Inputs {
     pub(crate) stop: CancellationToken,
 }
 
-/// How long the first write waits for the Node watch's first listing.
+/// How long the first write waits for the Node watch's first listing and for the first verdict
+/// on the provider.
 const FIRST_LISTING: Duration = Duration::from_secs(2);
 
 /// What the Node watch last said.
@@ -142,8 +143,15 @@ pub(crate) async fn run(inputs: Inputs) {
         };
         // Until the watch has listed the Node, what a write would keep of it (a restarted
         // controller adopting it) is unknown: wait for the listing a little, so that an
-        // adopted node does not flap NotReady.
-        let listing_due = matches!(state.seen, Seen::Unknown) && started.elapsed() < FIRST_LISTING;
+        // adopted node does not flap NotReady. Wait as long for the first probe's verdict:
+        // a node shown NotReady only until that answer gets the lifecycle controller's
+        // not-ready taint if one of its passes falls in the gap, and keeps it seconds after.
+        let undecided = matches!(
+            health.provider,
+            ProviderHealth::NoClient | ProviderHealth::Unknown
+        );
+        let listing_due =
+            (matches!(state.seen, Seen::Unknown) || undecided) && started.elapsed() < FIRST_LISTING;
         if !listing_due && retry_at.is_none_or(|at| Instant::now() >= at) {
             // A hanging API server must neither hold up the stop nor this task for good.
             let outcome = tokio::select! {

@@ -168,6 +168,42 @@ async fn ready_becomes(
     .await
 }
 
+/// A node shown NotReady only until the first probe answers is what a node-lifecycle pass can
+/// catch and taint `not-ready`, keeping pods off it for a pass after it is Ready. With a
+/// provider that answers at once, the first status the Node shows is already Ready=True.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reachable_provider_is_ready_from_the_first_status() {
+    use futures::StreamExt as _;
+    use kube::runtime::{WatchStreamExt as _, watcher};
+
+    let (_consumer, client) = consumer(Controllers::none()).await;
+    let provider = provider().await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={NAME}"));
+    let mut events = watcher(nodes.clone(), config).applied_objects().boxed();
+    // The watch lists before the node task starts, so it sees every version of the Node.
+    let listed = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+    assert!(
+        listed.is_err(),
+        "no Node yet, so nothing to list: {listed:?}"
+    );
+    let _running = spawn(&client, Some(provider.client()), Some(Ok(())));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.last().map(String::as_str) != Some("True") {
+        let node = tokio::time::timeout_at(deadline, events.next())
+            .await
+            .unwrap_or_else(|_| panic!("not Ready in 10 s; Ready as seen: {seen:?}"))
+            .expect("the watch goes on")
+            .expect("a watch event");
+        seen.push(ready(&node).map_or_else(|| "none".to_owned(), |r| r.0));
+    }
+    assert!(
+        !seen.iter().any(|s| s == "False"),
+        "the Node showed NotReady on its way to Ready: {seen:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn registers_the_node_and_renews_its_lease() {
     let (consumer, client) = consumer(Controllers::none()).await;
