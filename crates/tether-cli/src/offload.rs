@@ -336,8 +336,8 @@ async fn wait_granted(
 
 /// What still keeps pods off `node`, or `None` once the scheduler would place pods there.
 /// Ready is not enough: the node lifecycle controller taints a node it saw NotReady, even
-/// for a moment (a virtual node starts NotReady until its first probe of the provider), and
-/// lifts the taint only on a later pass, seconds after Ready. Until then pods scheduled at
+/// for a moment (a virtual node whose provider is slow to answer its first probe starts
+/// NotReady), and lifts the taint only on a later pass, seconds after Ready. Until then pods scheduled at
 /// once would all stay in the consumer.
 pub fn not_schedulable(node: Option<&Node>) -> Option<String> {
     const LIFECYCLE_TAINTS: [&str; 2] = [
